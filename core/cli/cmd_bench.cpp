@@ -1,0 +1,130 @@
+// `expanse bench`: time an operation over a grid of sequence lengths, one JSON object per line.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "case_options.hpp"
+#include "cases.hpp"
+#include "commands.hpp"
+
+using namespace expanse_cli;
+namespace h = expanse::harness;
+
+namespace {
+
+const char kUsage[] =
+    "usage: expanse bench OP [--backend NAME] [--device N] [--ts T1,T2,...] [--warmup N] [--reps N]\n"
+    "                        [case options]\n"
+    "\n"
+    "Times OP on random inputs (never zeros) after warm-up runs and prints one JSON object per line:\n"
+    "the configuration, backend, device, median/min time in ms over --reps runs, and the achieved\n"
+    "TFLOP/s by the FLOP count of PERFORMANCE.md (update_state 2De per token and kv head, query_state\n"
+    "2De per token and query head, intra-chunk attention c(d+e) per token and query head). Each run is\n"
+    "timed to completion of the device work. --ts gives a list of sequence lengths (default: --t).\n"
+    "Defaults are config P1: b=1, h=hq=8, d=e=64, p=2, bf16, gated, chunk 128.\n";
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out;
+}
+
+// Forward FLOPs by PERFORMANCE.md's model (the chunked algorithm; quadratic for c = 0).
+double flop_count(const h::op_config& c) {
+  const double D = c.op == EXPANSE_OP_DISCUMSUM ? 0 : double(expanse::expanded_dim(c.p, c.d, c.layout));
+  const double tokens = double(c.b) * double(c.t);
+  const double chunk = c.c > 0 ? double(std::min(c.c, c.t)) : double(c.t);
+  const double state = 2.0 * D * double(c.e);
+  const double intra = chunk * double(c.d + c.e);  // causal half of QK^T and PV
+  switch (c.op) {
+    case EXPANSE_OP_SYMPOW_EXPAND: return double(c.t) * D * c.p;
+    case EXPANSE_OP_UPDATE_STATE: return tokens * c.h * state;
+    case EXPANSE_OP_DISCUMSUM: return double(c.b) * c.h * double((c.t + std::max<int64_t>(c.c, 1) - 1) / std::max<int64_t>(c.c, 1)) * c.d * c.e * 2.0;
+    case EXPANSE_OP_QUERY_STATE: return tokens * c.hq * state;
+    case EXPANSE_OP_CHUNK_ATTENTION: return tokens * c.hq * intra;
+    case EXPANSE_OP_POWER_ATTENTION:
+      if (c.c == 0) return tokens * c.hq * intra;
+      return tokens * (c.h * state + c.hq * state + c.hq * intra);
+    case EXPANSE_OP_POWER_ATTENTION_STEP: return double(c.b) * (c.h * state + c.hq * state);
+    case EXPANSE_OP_COUNT: break;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  std::vector<OptionSpec> specs = {
+      {"backend", true, "NAME", "backend to time (default: $EXPANSE_BACKEND or reference)"},
+      {"device", true, "N", "device index (default 0)"},
+      {"ts", true, "T1,T2,..", "sequence lengths to time (default: --t)"},
+      {"warmup", true, "N", "untimed runs first (default 3)"},
+      {"reps", true, "N", "timed runs (default 10)"},
+      {"seed", true, "S", "random seed (default 1)"},
+  };
+  for (const OptionSpec& s : case_option_specs()) specs.push_back(s);
+  ArgParser args("bench", specs);
+  args.parse(argc, argv);
+  if (args.help_requested()) {
+    std::printf("%s\noptions:\n%s", kUsage, args.options_help().c_str());
+    return 0;
+  }
+  if (args.positional().size() != 1) throw UsageError("bench: give exactly one operation name (see --help)");
+  const expanse_op_kind op = parse_op(args.positional()[0], "operation");
+
+  h::op_config p1;  // PERFORMANCE.md config P1
+  p1.b = 1; p1.t = 4096; p1.hq = p1.h = 8; p1.d = p1.e = 64; p1.p = 2; p1.c = 128;
+  p1.dtype = EXPANSE_BF16; p1.gated = true; p1.normalize = true;
+  if (op == EXPANSE_OP_POWER_ATTENTION_STEP) p1.t = 1;
+  h::op_config base = case_from_options(args, op, p1);
+
+  std::vector<int64_t> ts;
+  if (args.has("ts")) {
+    std::stringstream list(args.get_string("ts", ""));
+    for (std::string item; std::getline(list, item, ',');) ts.push_back(parse_int(item, "--ts", 1));
+  } else {
+    ts.push_back(base.t);
+  }
+  const int warmup = static_cast<int>(args.get_int("warmup", 3, 0, 1000));
+  const int reps = static_cast<int>(args.get_int("reps", 10, 1, 100000));
+  const uint64_t seed = static_cast<uint64_t>(args.get_int("seed", 1, 0));
+  const std::string backend = args.get_string("backend", expanse_default_backend());
+  const int32_t device = static_cast<int32_t>(args.get_int("device", 0, 0, 1 << 16));
+
+  expanse::context ctx(backend, device);
+  expanse_device_info info;
+  check_status(expanse_backend_device_info(backend.c_str(), device, &info), "device info");
+
+  for (int64_t t : ts) {
+    h::op_config cfg = base;
+    cfg.t = t;
+    const h::tensor_map inputs = h::make_inputs(cfg, seed, /*consistent=*/false);
+    h::prepared_run run(ctx, cfg, inputs, /*oracle=*/false);
+    for (int i = 0; i < warmup; ++i) run.execute();
+    ctx.synchronize();
+    std::vector<double> ms;
+    for (int i = 0; i < reps; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      run.execute();
+      ctx.synchronize();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const double median = ms[ms.size() / 2], flops = flop_count(cfg);
+    std::printf("{\"op\":\"%s\",\"backend\":\"%s\",\"device\":\"%s\",\"version\":\"%s\",\"config\":\"%s\","
+                "\"b\":%lld,\"t\":%lld,\"hq\":%lld,\"h\":%lld,\"d\":%lld,\"e\":%lld,\"p\":%d,\"chunk\":%lld,"
+                "\"dtype\":\"%s\",\"gated\":%d,\"median_ms\":%.6g,\"min_ms\":%.6g,\"reps\":%d,\"flop\":%.6g,"
+                "\"tflops\":%.6g}\n",
+                expanse_op_name(op), json_escape(backend).c_str(), json_escape(info.name).c_str(), expanse_version(),
+                json_escape(cfg.label()).c_str(), (long long)cfg.b, (long long)cfg.t, (long long)cfg.hq,
+                (long long)cfg.h, (long long)cfg.d, (long long)cfg.e, cfg.p, (long long)cfg.c,
+                expanse_dtype_name(cfg.dtype), int(cfg.gated), median, ms.front(), reps, flops,
+                flops / (median * 1e-3) / 1e12);
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,127 @@
+// The case table shared by every backend: awkward sizes first (t = 1, t not a multiple of c,
+// d and e not powers of two), every p and layout, every dtype, gating on and off, grouped heads.
+#include "cases.hpp"
+
+namespace expanse::harness {
+namespace {
+
+const expanse_layout kSympow{EXPANSE_LAYOUT_SYMPOW, 0};
+const expanse_layout kTensor{EXPANSE_LAYOUT_TENSOR, 0};
+expanse_layout tiled(int32_t d_tile) { return {EXPANSE_LAYOUT_TILED, d_tile}; }
+
+op_config base(expanse_op_kind op) {
+  op_config c;
+  c.op = op;
+  return c;
+}
+
+}  // namespace
+
+std::vector<op_config> standard_cases() {
+  std::vector<op_config> cases;
+  const expanse_dtype dtypes[] = {EXPANSE_F32, EXPANSE_BF16, EXPANSE_F16, EXPANSE_F64};
+
+  // sympow_expand: every layout, p = 1..6.
+  for (int p = 1; p <= 6; ++p)
+    for (expanse_layout layout : {kSympow, tiled(4), kTensor}) {
+      op_config c = base(EXPANSE_OP_SYMPOW_EXPAND);
+      c.t = 13;
+      c.d = p <= 4 ? 8 : 4;
+      c.p = p;
+      c.layout = layout;
+      cases.push_back(c);
+    }
+  for (expanse_dtype dt : dtypes) {
+    op_config c = base(EXPANSE_OP_SYMPOW_EXPAND);
+    c.t = 5; c.d = 32; c.p = 2; c.dtype = dt; c.layout = tiled(8);
+    cases.push_back(c);
+  }
+
+  // The four core operations.
+  for (int p = 1; p <= 4; ++p)
+    for (expanse_layout layout : {kSympow, tiled(4), kTensor}) {
+      op_config c = base(EXPANSE_OP_UPDATE_STATE);
+      c.t = 45; c.c = 16; c.h = 2; c.d = 8; c.e = 5; c.p = p; c.layout = layout; c.gated = p % 2 == 0;
+      cases.push_back(c);
+    }
+  for (expanse_dtype dt : dtypes) {
+    op_config c = base(EXPANSE_OP_UPDATE_STATE);
+    c.b = 2; c.t = 100; c.c = 32; c.h = 3; c.d = 16; c.e = 24; c.dtype = dt; c.layout = tiled(8);
+    cases.push_back(c);
+  }
+  for (bool init : {false, true})
+    for (expanse_dtype dt : {EXPANSE_F32, EXPANSE_BF16}) {
+      op_config c = base(EXPANSE_OP_DISCUMSUM);
+      c.b = 2; c.t = 70; c.c = 16; c.h = 3; c.d = 6; c.e = 10; c.dtype = dt; c.initial_state = init;
+      cases.push_back(c);
+    }
+  for (int p = 1; p <= 4; ++p)
+    for (bool intra : {false, true}) {
+      op_config c = base(EXPANSE_OP_QUERY_STATE);
+      c.t = 50; c.c = 16; c.hq = 4; c.h = 2; c.d = 8; c.e = 12; c.p = p; c.normalize = p % 2 == 0; c.intra = intra;
+      c.layout = p == 3 ? kTensor : tiled(4);
+      cases.push_back(c);
+    }
+  for (int p = 1; p <= 4; ++p)
+    for (int64_t chunk : {0, 16}) {
+      op_config c = base(EXPANSE_OP_CHUNK_ATTENTION);
+      c.t = 41; c.c = chunk; c.hq = 4; c.h = 1; c.d = 12; c.e = 7; c.p = p; c.gated = chunk != 0 || p == 2;
+      cases.push_back(c);
+    }
+  for (expanse_dtype dt : dtypes) {
+    op_config c = base(EXPANSE_OP_CHUNK_ATTENTION);
+    c.t = 129; c.c = 64; c.hq = 2; c.h = 2; c.d = 32; c.e = 32; c.dtype = dt;
+    cases.push_back(c);
+  }
+
+  // power_attention: quadratic and chunked, every p, gating, GQA, initial/final states, ragged chunks.
+  for (int p = 1; p <= 4; ++p)
+    for (int64_t chunk : {0, 16}) {
+      op_config c = base(EXPANSE_OP_POWER_ATTENTION);
+      c.t = 37; c.c = chunk; c.hq = 4; c.h = 2; c.d = 8; c.e = 6; c.p = p; c.normalize = p % 2 == 0;
+      c.layout = p == 4 ? tiled(4) : kSympow;
+      c.initial_state = p >= 2;
+      c.final_state = true;
+      cases.push_back(c);
+    }
+  for (expanse_dtype dt : dtypes)
+    for (int64_t chunk : {0, 64}) {
+      op_config c = base(EXPANSE_OP_POWER_ATTENTION);
+      c.b = 2; c.t = 200; c.c = chunk; c.hq = 2; c.h = 2; c.d = 32; c.e = 32; c.dtype = dt; c.layout = tiled(8);
+      cases.push_back(c);
+    }
+  {
+    op_config c = base(EXPANSE_OP_POWER_ATTENTION);  // t = 1
+    c.t = 1; c.c = 16; c.final_state = true; c.initial_state = true;
+    cases.push_back(c);
+    c.t = 33; c.c = 1; c.gated = false; c.initial_state = false;  // one token per chunk
+    cases.push_back(c);
+    c.t = 64; c.c = 64; c.d = 20; c.e = 3; c.hq = 6; c.h = 3; c.gated = true;  // d, e not powers of two
+    cases.push_back(c);
+    c.scale = 0.37;
+    cases.push_back(c);
+  }
+
+  // power_attention_step.
+  for (int p = 1; p <= 4; ++p) {
+    op_config c = base(EXPANSE_OP_POWER_ATTENTION_STEP);
+    c.b = 2; c.hq = 4; c.h = 2; c.d = 8; c.e = 6; c.p = p; c.normalize = p % 2 == 0; c.t = 1;
+    c.layout = p == 2 ? tiled(4) : kSympow;
+    cases.push_back(c);
+  }
+  for (expanse_dtype dt : dtypes) {
+    op_config c = base(EXPANSE_OP_POWER_ATTENTION_STEP);
+    c.b = 3; c.hq = 2; c.h = 2; c.d = 32; c.e = 32; c.t = 1; c.dtype = dt; c.layout = tiled(8);
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+std::vector<op_config> quick_cases(expanse_op_kind op) {
+  std::vector<op_config> out;
+  for (const op_config& c : standard_cases())
+    if (c.op == op && (c.dtype == EXPANSE_F32 || c.dtype == EXPANSE_BF16) && out.size() < 6) out.push_back(c);
+  return out;
+}
+
+}  // namespace expanse::harness

@@ -1,0 +1,128 @@
+// The shared case table: one description of each operation's problem, random inputs for it, a run
+// on any backend, and the comparison with an oracle. `expanse check`, `expanse bench` and the test
+// suite all use it, so a case is written once and runs on every backend (ggml's test-backend-ops).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "expanse/expanse.hpp"
+
+namespace expanse::harness {
+
+// One problem of one operation. Tensor names (also the .npy names of `expanse run`):
+//   sympow_expand        in x [rows,d]                         out out [rows,D]
+//   update_state         in k, v, log_g?                       out S [b,n,h,D,e], z [b,n,h,D]
+//   discumsum            in X [b,n,h,d,e], A [b,n,h], Y_init?  out Y [b,n+1,h,d,e]
+//   query_state          in q, S, z?, log_g?, y?, l?, rowmax?  out o
+//   chunk_attention      in q, k, v, log_g?                    out y, l, rowmax
+//   power_attention      in q, k, v, log_g?, S0?, z0?          out o, S?, z?
+//   power_attention_step in q [b,hq,d], k, v, log_g?, S, z?     out o, S, z?
+// (discumsum uses d and e as its two trailing dims; sympow_expand uses t as the row count.)
+struct op_config {
+  expanse_op_kind op = EXPANSE_OP_POWER_ATTENTION;
+  int64_t b = 1, t = 64, hq = 2, h = 2, d = 16, e = 16;
+  int32_t p = 2;
+  int64_t c = 0;  // chunk size; 0 = quadratic / whole sequence where allowed
+  expanse_layout layout{EXPANSE_LAYOUT_SYMPOW, 0};
+  expanse_dtype dtype = EXPANSE_F32;  // of the token inputs
+  bool gated = true;
+  bool normalize = true;
+  bool initial_state = false;  // power_attention S0/z0, discumsum Y_init
+  bool final_state = false;    // power_attention S/z outputs
+  bool intra = false;          // query_state with the chunk_attention result
+  double scale = 0.0;          // 0: the default 1/sqrt(d)
+
+  std::string label() const;  // a one-line description usable as CLI flags
+};
+
+// A host tensor in any dtype, contiguous.
+struct host_tensor {
+  expanse_dtype dtype = EXPANSE_F64;
+  std::vector<int64_t> shape;
+  std::vector<unsigned char> bytes;
+
+  int64_t numel() const;
+  double get(int64_t i) const;
+  void set(int64_t i, double value);  // rounds to nearest even for f16/bf16/f32
+  std::vector<double> to_double() const;
+  static host_tensor zeros(expanse_dtype dtype, std::vector<int64_t> shape);
+};
+
+double f16_to_double(uint16_t h);
+uint16_t double_to_f16(double x);
+double bf16_to_double(uint16_t h);
+uint16_t double_to_bf16(double x);
+
+using tensor_map = std::map<std::string, host_tensor>;
+
+// Fresh random inputs for a config (normal q/k/v, log_g = logsigmoid of noise, states as produced
+// by a random sequence), rounded to cfg.dtype. `consistent` = false replaces query_state's states and
+// intra-chunk inputs by plain noise (for timing at sizes where the naive oracle would be too slow).
+tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent = true);
+// Output names and shapes of a config, with the dtypes a backend writes: `oracle` asks for f64
+// everywhere (the reference as oracle), otherwise the native dtypes (token outputs in cfg.dtype,
+// states and y/l/rowmax in f32).
+tensor_map make_outputs(const op_config& cfg, bool oracle);
+
+// cfg's inputs and outputs on ctx's device, ready to run any number of times (for timing).
+class prepared_run {
+ public:
+  // Copies inputs to the device and allocates outputs poisoned with NaN (power_attention_step's
+  // S and z start as the input state, since the step updates them in place).
+  prepared_run(expanse::context& ctx, const op_config& cfg, const tensor_map& inputs, bool oracle);
+  void execute();              // enqueues the op on ctx's stream (throws expanse::error)
+  tensor_map download() const; // copies the outputs back and synchronizes
+
+ private:
+  const expanse_tensor* in(const char* name) const;
+  expanse_tensor* out(const char* name);
+
+  expanse::context& ctx_;
+  op_config cfg_;
+  tensor_map outputs_;  // host shapes and dtypes of the outputs
+  std::map<std::string, expanse::device_buffer> buffers_;
+  std::map<std::string, expanse_tensor> views_;
+};
+
+// Runs cfg once on ctx and returns the outputs (host). Throws expanse::error on failure
+// (EXPANSE_ERROR_UNSUPPORTED included).
+tensor_map run_on(expanse::context& ctx, const op_config& cfg, const tensor_map& inputs, bool oracle);
+
+struct comparison {
+  std::string output;
+  double rel_error = 0;  // ||out - ref||_F / ||ref||_F (absolute when ||ref|| == 0)
+  double tolerance = 0;
+  int64_t nonfinite = 0;  // NaN/Inf where the reference is finite (poisoned = unwritten)
+  bool pass = false;
+};
+
+// SPEC.md tolerance per dtype: f64 1e-12 (oracle), f32 1e-5, f16 2e-3, bf16 5e-3.
+double tolerance_for(expanse_dtype dtype);
+std::vector<comparison> compare(const tensor_map& out, const tensor_map& ref, double tolerance);
+
+struct check_result {
+  op_config cfg;
+  uint64_t seed = 0;
+  std::string backend;
+  std::string oracle;  // "reference" or "naive f64" (for the reference backend itself)
+  std::vector<comparison> outputs;
+  std::string skipped;  // reason when the backend declined the problem
+  std::string error;    // error text when the run failed
+  bool pass() const;
+  std::string repro() const;  // the `expanse check` command that reruns this case
+};
+
+// Runs cfg on backend_ctx and compares with the oracle: the reference backend for any other backend,
+// or the independent naive f64 implementation (naive_oracle.hpp) when backend_ctx is the reference.
+check_result check_case(expanse::context& backend_ctx, const op_config& cfg, uint64_t seed);
+
+// The table every backend runs: each op over awkward sizes, dtypes, p, layouts and options.
+std::vector<op_config> standard_cases();
+// A few representative cases per op (for `expanse check` without --all).
+std::vector<op_config> quick_cases(expanse_op_kind op);
+
+}  // namespace expanse::harness

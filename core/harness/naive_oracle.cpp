@@ -1,0 +1,356 @@
+// The independent naive f64 oracle (see naive_oracle.hpp). Written directly from SPEC.md with plain
+// nested loops and simple recursion; clarity over speed. Shares no code with the reference backend.
+#include "naive_oracle.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+namespace expanse::harness::naive {
+
+namespace {
+
+double factorial(int n) {
+  double f = 1;
+  for (int i = 2; i <= n; ++i) f *= i;
+  return f;
+}
+
+// sqrt(p! / prod_k hist_k!) for a non-decreasing multi-index idx (|idx| = p).
+double sym_coef(const std::vector<int64_t>& idx) {
+  double denom = 1;
+  size_t run = 0;
+  for (size_t i = 0; i < idx.size(); ++i) {
+    run = (i > 0 && idx[i] == idx[i - 1]) ? run + 1 : 1;
+    denom *= static_cast<double>(run);  // product of 1..hist_k over each run = prod hist_k!
+  }
+  return std::sqrt(factorial(static_cast<int>(idx.size())) / denom);
+}
+
+// Calls f(idx) for every multi-index of length p over [0, n) in lexicographic order; if
+// nondecreasing, only those with idx[0] <= idx[1] <= ... <= idx[p-1].
+void enumerate(int32_t p, int64_t n, bool nondecreasing, const std::function<void(const std::vector<int64_t>&)>& f) {
+  std::vector<int64_t> idx(static_cast<size_t>(p), 0);
+  std::function<void(int32_t, int64_t)> rec = [&](int32_t pos, int64_t lo) {
+    if (pos == p) {
+      f(idx);
+      return;
+    }
+    for (int64_t i = nondecreasing ? lo : 0; i < n; ++i) {
+      idx[static_cast<size_t>(pos)] = i;
+      rec(pos + 1, i);
+    }
+  };
+  rec(0, 0);
+}
+
+// All inputs read once as f64 (host_tensor::get handles every dtype).
+struct reader {
+  std::map<std::string, std::vector<double>> data;
+  explicit reader(const tensor_map& in) {
+    for (const auto& kv : in) {
+      std::vector<double> v(static_cast<size_t>(kv.second.numel()));
+      for (int64_t i = 0; i < kv.second.numel(); ++i) v[static_cast<size_t>(i)] = kv.second.get(i);
+      data[kv.first] = std::move(v);
+    }
+  }
+  bool has(const std::string& name) const { return data.count(name) > 0; }
+  const std::vector<double>& tensor(const std::string& name) const {
+    auto it = data.find(name);
+    if (it == data.end()) throw std::invalid_argument("naive oracle: missing input " + name);
+    return it->second;
+  }
+  double at(const std::string& name, int64_t i) const {
+    const std::vector<double>& v = tensor(name);
+    if (i < 0 || i >= static_cast<int64_t>(v.size())) throw std::invalid_argument("naive oracle: index out of range in " + name);
+    return v[static_cast<size_t>(i)];
+  }
+  std::vector<double> vec(const std::string& name, int64_t offset, int64_t len) const {
+    std::vector<double> v(static_cast<size_t>(len));
+    for (int64_t i = 0; i < len; ++i) v[static_cast<size_t>(i)] = at(name, offset + i);
+    return v;
+  }
+};
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+std::vector<double> scaled(std::vector<double> x, double s) {
+  for (double& v : x) v *= s;
+  return x;
+}
+
+}  // namespace
+
+std::vector<double> phi(const std::vector<double>& x, int32_t p, expanse_layout layout) {
+  if (p < 1) throw std::invalid_argument("naive oracle: p must be >= 1");
+  const int64_t d = static_cast<int64_t>(x.size());
+  std::vector<double> out;
+  if (p == 1) return x;
+  if (layout.kind == EXPANSE_LAYOUT_SYMPOW) {
+    enumerate(p, d, true, [&](const std::vector<int64_t>& idx) {
+      double v = sym_coef(idx);
+      for (int64_t i : idx) v *= x[static_cast<size_t>(i)];
+      out.push_back(v);
+    });
+  } else if (layout.kind == EXPANSE_LAYOUT_TILED) {
+    const int64_t dt = layout.d_tile;
+    if (dt <= 0 || d % dt != 0) throw std::invalid_argument("naive oracle: d % d_tile != 0");
+    enumerate(p, d / dt, true, [&](const std::vector<int64_t>& tiles) {
+      const double coef = sym_coef(tiles);
+      enumerate(p, dt, false, [&](const std::vector<int64_t>& local) {
+        double v = coef;
+        for (size_t k = 0; k < local.size(); ++k) v *= x[static_cast<size_t>(tiles[k] * dt + local[k])];
+        out.push_back(v);
+      });
+    });
+  } else if (layout.kind == EXPANSE_LAYOUT_TENSOR) {
+    enumerate(p, d, false, [&](const std::vector<int64_t>& idx) {
+      double v = 1;
+      for (int64_t i : idx) v *= x[static_cast<size_t>(i)];
+      out.push_back(v);
+    });
+  } else {
+    throw std::invalid_argument("naive oracle: unknown layout");
+  }
+  return out;
+}
+
+tensor_map run(const op_config& cfg, const tensor_map& inputs) {
+  const reader in(inputs);
+  const int64_t b = cfg.b, t = cfg.t, hq = cfg.hq, h = cfg.h, d = cfg.d, e = cfg.e;
+  const int32_t p = cfg.p;
+  const int64_t r = (h > 0) ? hq / h : 1;
+  const double scale = cfg.scale != 0.0 ? cfg.scale : 1.0 / std::sqrt(static_cast<double>(d));
+  const int64_t D = static_cast<int64_t>(phi(std::vector<double>(static_cast<size_t>(d), 0.0), p, cfg.layout).size());
+  const bool gated = cfg.gated && in.has("log_g");
+  // Token-tensor offsets (contiguous row-major).
+  auto qoff = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * t + ti) * hq + hi) * d; };
+  auto koff = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * t + ti) * h + hi) * d; };
+  auto voff = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * t + ti) * h + hi) * e; };
+  auto logg = [&](int64_t bi, int64_t ti, int64_t hi) { return gated ? in.at("log_g", (bi * t + ti) * h + hi) : 0.0; };
+  // Gc: inclusive cumsum of log_g within the chunk of size c (c <= 0: the whole sequence).
+  auto chunk_cumsum = [&](int64_t bi, int64_t hi, int64_t c) {
+    std::vector<double> Gc(static_cast<size_t>(t));
+    double acc = 0;
+    for (int64_t ti = 0; ti < t; ++ti) {
+      if (c > 0 && ti % c == 0) acc = 0;
+      acc += logg(bi, ti, hi);
+      Gc[static_cast<size_t>(ti)] = acc;
+    }
+    return Gc;
+  };
+
+  tensor_map out;
+  switch (cfg.op) {
+    case EXPANSE_OP_SYMPOW_EXPAND: {
+      host_tensor o = host_tensor::zeros(EXPANSE_F64, {t, D});
+      for (int64_t row = 0; row < t; ++row) {
+        const std::vector<double> f = phi(in.vec("x", row * d, d), p, cfg.layout);
+        for (int64_t j = 0; j < D; ++j) o.set(row * D + j, f[static_cast<size_t>(j)]);
+      }
+      out["out"] = std::move(o);
+      break;
+    }
+    case EXPANSE_OP_UPDATE_STATE: {
+      const int64_t c = cfg.c;
+      if (c < 1) throw std::invalid_argument("naive oracle: update_state needs c >= 1");
+      const int64_t n = (t + c - 1) / c;
+      std::vector<double> S(static_cast<size_t>(b * n * h * D * e), 0.0), z(static_cast<size_t>(b * n * h * D), 0.0);
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t hi = 0; hi < h; ++hi) {
+          const std::vector<double> Gc = chunk_cumsum(bi, hi, c);
+          for (int64_t m = 0; m < n; ++m) {
+            const int64_t first = m * c, last = std::min(t, first + c) - 1;
+            const double A = Gc[static_cast<size_t>(last)];
+            const int64_t so = ((bi * n + m) * h + hi) * D;
+            for (int64_t j = first; j <= last; ++j) {
+              const double w = std::exp(A - Gc[static_cast<size_t>(j)]);
+              const std::vector<double> fk = phi(in.vec("k", koff(bi, j, hi), d), p, cfg.layout);
+              const std::vector<double> vj = in.vec("v", voff(bi, j, hi), e);
+              for (int64_t x = 0; x < D; ++x) {
+                const double fx = w * fk[static_cast<size_t>(x)];
+                z[static_cast<size_t>(so + x)] += fx;
+                for (int64_t y = 0; y < e; ++y) S[static_cast<size_t>((so + x) * e + y)] += fx * vj[static_cast<size_t>(y)];
+              }
+            }
+          }
+        }
+      out["S"] = host_tensor::zeros(EXPANSE_F64, {b, n, h, D, e});
+      out["z"] = host_tensor::zeros(EXPANSE_F64, {b, n, h, D});
+      for (size_t i = 0; i < S.size(); ++i) out["S"].set(static_cast<int64_t>(i), S[i]);
+      for (size_t i = 0; i < z.size(); ++i) out["z"].set(static_cast<int64_t>(i), z[i]);
+      break;
+    }
+    case EXPANSE_OP_DISCUMSUM: {
+      const int64_t c = cfg.c;
+      if (c < 1) throw std::invalid_argument("naive oracle: discumsum needs c >= 1");
+      const int64_t n = (t + c - 1) / c;
+      const int64_t inner = d * e;
+      host_tensor Y = host_tensor::zeros(EXPANSE_F64, {b, n + 1, h, d, e});
+      const bool has_init = cfg.initial_state && in.has("Y_init");
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t hi = 0; hi < h; ++hi) {
+          std::vector<double> cur(static_cast<size_t>(inner), 0.0);
+          if (has_init) cur = in.vec("Y_init", (bi * h + hi) * inner, inner);
+          for (int64_t m = 0; m <= n; ++m) {
+            for (int64_t x = 0; x < inner; ++x) Y.set(((bi * (n + 1) + m) * h + hi) * inner + x, cur[static_cast<size_t>(x)]);
+            if (m == n) break;
+            const double g = std::exp(in.at("A", (bi * n + m) * h + hi));
+            for (int64_t x = 0; x < inner; ++x)
+              cur[static_cast<size_t>(x)] = g * cur[static_cast<size_t>(x)] + in.at("X", ((bi * n + m) * h + hi) * inner + x);
+          }
+        }
+      out["Y"] = std::move(Y);
+      break;
+    }
+    case EXPANSE_OP_QUERY_STATE: {
+      const int64_t c = cfg.c > 0 ? cfg.c : t;
+      const int64_t n = (t + c - 1) / c;
+      host_tensor o = host_tensor::zeros(EXPANSE_F64, {b, t, hq, e});
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t qi = 0; qi < hq; ++qi) {
+          const int64_t hi = qi / r;
+          const std::vector<double> Gc = chunk_cumsum(bi, hi, c);
+          for (int64_t ti = 0; ti < t; ++ti) {
+            const int64_t m = ti / c;
+            const double w = std::exp(Gc[static_cast<size_t>(ti)]);
+            const std::vector<double> fq = phi(scaled(in.vec("q", qoff(bi, ti, qi), d), scale), p, cfg.layout);
+            const int64_t so = ((bi * n + m) * h + hi) * D;
+            std::vector<double> num(static_cast<size_t>(e), 0.0);
+            double den = 0;
+            const std::vector<double>& Sv = in.tensor("S");
+            for (int64_t x = 0; x < D; ++x) {
+              for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += fq[static_cast<size_t>(x)] * Sv.at(static_cast<size_t>((so + x) * e + y));
+              if (cfg.normalize) den += fq[static_cast<size_t>(x)] * in.at("z", so + x);
+            }
+            for (double& v : num) v *= w;
+            den *= w;
+            const int64_t row = (bi * t + ti) * hq + qi;
+            if (cfg.intra) {
+              const double em = std::exp(in.at("rowmax", row));
+              for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += in.at("y", row * e + y) * em;
+              if (cfg.normalize) den += in.at("l", row) * em;
+            }
+            for (int64_t y = 0; y < e; ++y) {
+              double v = num[static_cast<size_t>(y)];
+              if (cfg.normalize) v = (den == 0.0) ? 0.0 : v / den;
+              o.set(row * e + y, v);
+            }
+          }
+        }
+      out["o"] = std::move(o);
+      break;
+    }
+    case EXPANSE_OP_CHUNK_ATTENTION: {
+      const int64_t c = cfg.c > 0 ? cfg.c : t;
+      host_tensor Yt = host_tensor::zeros(EXPANSE_F64, {b, t, hq, e});
+      host_tensor L = host_tensor::zeros(EXPANSE_F64, {b, t, hq});
+      host_tensor M = host_tensor::zeros(EXPANSE_F64, {b, t, hq});
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t qi = 0; qi < hq; ++qi) {
+          const int64_t hi = qi / r;
+          const std::vector<double> Gc = chunk_cumsum(bi, hi, c);
+          for (int64_t ti = 0; ti < t; ++ti) {
+            const int64_t first = (ti / c) * c;
+            const std::vector<double> qv = scaled(in.vec("q", qoff(bi, ti, qi), d), scale);
+            std::vector<double> s, sgn;
+            bool any = false;
+            double rowmax = -INFINITY;
+            for (int64_t j = first; j <= ti; ++j) {
+              const double qk = dot(qv, in.vec("k", koff(bi, j, hi), d));
+              double sc = -INFINITY, sg = 0;
+              if (qk != 0.0) {
+                any = true;
+                sc = p * std::log(std::fabs(qk)) + Gc[static_cast<size_t>(ti)] - Gc[static_cast<size_t>(j)];
+                sg = (qk < 0 && p % 2 == 1) ? -1.0 : 1.0;
+                rowmax = std::max(rowmax, sc);
+              }
+              s.push_back(sc);
+              sgn.push_back(sg);
+            }
+            const int64_t row = (bi * t + ti) * hq + qi;
+            if (!any) continue;  // y, l, rowmax stay 0
+            std::vector<double> y(static_cast<size_t>(e), 0.0);
+            double l = 0;
+            for (int64_t j = first; j <= ti; ++j) {
+              const size_t jj = static_cast<size_t>(j - first);
+              if (sgn[jj] == 0) continue;
+              const double w = sgn[jj] * std::exp(s[jj] - rowmax);
+              l += w;
+              for (int64_t x = 0; x < e; ++x) y[static_cast<size_t>(x)] += w * in.at("v", voff(bi, j, hi) + x);
+            }
+            for (int64_t x = 0; x < e; ++x) Yt.set(row * e + x, y[static_cast<size_t>(x)]);
+            L.set(row, l);
+            M.set(row, rowmax);
+          }
+        }
+      out["y"] = std::move(Yt);
+      out["l"] = std::move(L);
+      out["rowmax"] = std::move(M);
+      break;
+    }
+    case EXPANSE_OP_POWER_ATTENTION:
+    case EXPANSE_OP_POWER_ATTENTION_STEP: {
+      const bool step = cfg.op == EXPANSE_OP_POWER_ATTENTION_STEP;
+      const int64_t T = step ? 1 : t;
+      // Step tensors are token tensors with t = 1 ([b,hq,d] == [b,1,hq,d]).
+      auto sq = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * hq + hi) * d; };
+      auto sk = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * h + hi) * d; };
+      auto sv = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * h + hi) * e; };
+      const bool has_init = step || cfg.initial_state;
+      const std::string Sname = step ? "S" : "S0", zname = step ? "z" : "z0";
+      host_tensor o = step ? host_tensor::zeros(EXPANSE_F64, {b, hq, e}) : host_tensor::zeros(EXPANSE_F64, {b, t, hq, e});
+      host_tensor Sf = host_tensor::zeros(EXPANSE_F64, {b, h, D, e});
+      host_tensor zf = host_tensor::zeros(EXPANSE_F64, {b, h, D});
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t hi = 0; hi < h; ++hi) {
+          std::vector<double> S(static_cast<size_t>(D * e), 0.0), z(static_cast<size_t>(D), 0.0);
+          if (has_init) {
+            S = in.vec(Sname, (bi * h + hi) * D * e, D * e);
+            if (cfg.normalize) z = in.vec(zname, (bi * h + hi) * D, D);
+          }
+          for (int64_t ti = 0; ti < T; ++ti) {
+            const double g = std::exp(gated ? in.at("log_g", (bi * T + ti) * h + hi) : 0.0);
+            const std::vector<double> fk = phi(in.vec("k", sk(bi, ti, hi), d), p, cfg.layout);
+            const std::vector<double> vj = in.vec("v", sv(bi, ti, hi), e);
+            for (int64_t x = 0; x < D; ++x) {
+              z[static_cast<size_t>(x)] = g * z[static_cast<size_t>(x)] + fk[static_cast<size_t>(x)];
+              for (int64_t y = 0; y < e; ++y)
+                S[static_cast<size_t>(x * e + y)] = g * S[static_cast<size_t>(x * e + y)] + fk[static_cast<size_t>(x)] * vj[static_cast<size_t>(y)];
+            }
+            for (int64_t qi = hi * r; qi < (hi + 1) * r; ++qi) {
+              const std::vector<double> fq = phi(scaled(in.vec("q", sq(bi, ti, qi), d), scale), p, cfg.layout);
+              const double den = dot(fq, z);
+              std::vector<double> num(static_cast<size_t>(e), 0.0);
+              for (int64_t x = 0; x < D; ++x)
+                for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += fq[static_cast<size_t>(x)] * S[static_cast<size_t>(x * e + y)];
+              for (int64_t y = 0; y < e; ++y) {
+                double v = num[static_cast<size_t>(y)];
+                if (cfg.normalize) v = (den == 0.0) ? 0.0 : v / den;
+                o.set(((bi * T + ti) * hq + qi) * e + y, v);
+              }
+            }
+          }
+          for (int64_t x = 0; x < D * e; ++x) Sf.set((bi * h + hi) * D * e + x, S[static_cast<size_t>(x)]);
+          for (int64_t x = 0; x < D; ++x) zf.set((bi * h + hi) * D + x, z[static_cast<size_t>(x)]);
+        }
+      out["o"] = std::move(o);
+      if (step || cfg.final_state) {
+        out["S"] = std::move(Sf);
+        if (cfg.normalize) out["z"] = std::move(zf);
+      }
+      break;
+    }
+    default:
+      throw std::invalid_argument("naive oracle: unknown op " + std::to_string(static_cast<int>(cfg.op)));
+  }
+  return out;
+}
+
+}  // namespace expanse::harness::naive

@@ -1,0 +1,305 @@
+/* expanse: large-state linear attention (power attention, gated chunked linear attention).
+ *
+ * The C ABI of libexpanse.so. Every function returns an expanse_status; on failure the text of the
+ * error, naming the offending argument, is available from expanse_last_error() on the same thread.
+ * No exception crosses this boundary. The functions computed are defined in SPEC.md (docs/spec.md).
+ *
+ * Typical use:
+ *   expanse_context* ctx;
+ *   expanse_context_create("reference", 0, &ctx);          // NULL name: $EXPANSE_BACKEND or "reference"
+ *   expanse_power_attention_args a; expanse_power_attention_args_init(&a);
+ *   a.q = &q; a.k = &k; a.v = &v; a.o = &o; a.p = 2;
+ *   if (expanse_power_attention(ctx, &a) != EXPANSE_OK) fprintf(stderr, "%s\n", expanse_last_error());
+ *   expanse_context_destroy(ctx);
+ */
+#ifndef EXPANSE_EXPANSE_H
+#define EXPANSE_EXPANSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "expanse/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status and errors */
+
+typedef enum expanse_status {
+  EXPANSE_OK = 0,
+  EXPANSE_ERROR_INVALID_ARGUMENT = 1, /* bad shape, dtype, rank, stride, null pointer, ... */
+  EXPANSE_ERROR_UNSUPPORTED = 2,      /* valid, but the chosen backend does not implement it */
+  EXPANSE_ERROR_BACKEND = 3,          /* backend missing, failed to load, or has no device */
+  EXPANSE_ERROR_OUT_OF_MEMORY = 4,
+  EXPANSE_ERROR_WORKSPACE = 5,        /* the workspace given is smaller than required */
+  EXPANSE_ERROR_INTERNAL = 6,         /* a failure inside a backend (kernel launch, driver, ...) */
+} expanse_status;
+
+/* Text of the last error on the calling thread ("" if none). Valid until the next call. */
+EXPANSE_API const char* expanse_last_error(void);
+EXPANSE_API const char* expanse_status_name(expanse_status status);
+EXPANSE_API const char* expanse_version(void); /* "MAJOR.MINOR.PATCH" */
+
+/* ---------------------------------------------------------------- tensors (DLPack-like) */
+
+typedef enum expanse_dtype {
+  EXPANSE_F16 = 0,
+  EXPANSE_BF16 = 1,
+  EXPANSE_F32 = 2,
+  EXPANSE_F64 = 3,
+} expanse_dtype;
+
+/* Device types use DLPack's codes so that framework tensors map one to one. */
+typedef enum expanse_device_type {
+  EXPANSE_DEVICE_CPU = 1,  /* kDLCPU */
+  EXPANSE_DEVICE_CUDA = 2, /* kDLCUDA */
+  EXPANSE_DEVICE_ROCM = 10 /* kDLROCM */
+} expanse_device_type;
+
+#define EXPANSE_MAX_DIMS 8
+
+/* A non-owning view of a strided tensor. Strides are in elements (not bytes), like DLPack. */
+typedef struct expanse_tensor {
+  void* data;
+  int32_t dtype;       /* expanse_dtype */
+  int32_t device_type; /* expanse_device_type */
+  int32_t device_id;
+  int32_t ndim;
+  int64_t shape[EXPANSE_MAX_DIMS];
+  int64_t strides[EXPANSE_MAX_DIMS];
+} expanse_tensor;
+
+/* Fills *t as a contiguous (row-major) tensor. Returns EXPANSE_ERROR_INVALID_ARGUMENT on bad ndim. */
+EXPANSE_API expanse_status expanse_tensor_make(expanse_tensor* t, void* data, expanse_dtype dtype,
+                                               int32_t ndim, const int64_t* shape,
+                                               expanse_device_type device_type, int32_t device_id);
+EXPANSE_API size_t expanse_dtype_size(expanse_dtype dtype); /* 0 for an unknown dtype */
+EXPANSE_API const char* expanse_dtype_name(expanse_dtype dtype);
+
+/* ---------------------------------------------------------------- feature-map layouts */
+
+typedef enum expanse_layout_kind {
+  EXPANSE_LAYOUT_SYMPOW = 0, /* exact symmetric power, D = C(d+p-1, p) */
+  EXPANSE_LAYOUT_TILED = 1,  /* tensor-core friendly blocks of d_tile^p, needs d % d_tile == 0 */
+  EXPANSE_LAYOUT_TENSOR = 2, /* all d^p products */
+} expanse_layout_kind;
+
+typedef struct expanse_layout {
+  int32_t kind;   /* expanse_layout_kind */
+  int32_t d_tile; /* only for EXPANSE_LAYOUT_TILED */
+} expanse_layout;
+
+/* Expanded dimension D of phi for degree p, head dim d and a layout. */
+EXPANSE_API expanse_status expanse_expanded_dim(int32_t p, int64_t d, expanse_layout layout,
+                                                int64_t* D);
+
+/* ---------------------------------------------------------------- operations (SPEC.md) */
+
+typedef enum expanse_op_kind {
+  EXPANSE_OP_SYMPOW_EXPAND = 0,
+  EXPANSE_OP_UPDATE_STATE = 1,
+  EXPANSE_OP_DISCUMSUM = 2,
+  EXPANSE_OP_QUERY_STATE = 3,
+  EXPANSE_OP_CHUNK_ATTENTION = 4,
+  EXPANSE_OP_POWER_ATTENTION = 5,
+  EXPANSE_OP_POWER_ATTENTION_STEP = 6,
+  EXPANSE_OP_COUNT = 7
+} expanse_op_kind;
+
+EXPANSE_API const char* expanse_op_name(expanse_op_kind op);
+
+/* Optional tensors are NULL when absent. Token tensors are [b,t,heads,dim]. Every *_args struct has
+ * an _init function that sets the defaults; always call it first. */
+
+/* phi(x): x [..., d] -> out [..., D]; out has x's dtype (or f64). p in 1..6. */
+typedef struct expanse_sympow_expand_args {
+  const expanse_tensor* x;
+  expanse_tensor* out;
+  int32_t p;
+  expanse_layout layout;
+} expanse_sympow_expand_args;
+
+/* Chunk states: S_loc [b,n,h,D,e], z_loc [b,n,h,D] (f32 or f64; z_loc may be NULL). c >= 1. */
+typedef struct expanse_update_state_args {
+  const expanse_tensor* k;     /* [b,t,h,d] */
+  const expanse_tensor* v;     /* [b,t,h,e] */
+  const expanse_tensor* log_g; /* [b,t,h] f32/f64, optional */
+  expanse_tensor* S;           /* [b,n,h,D,e] */
+  expanse_tensor* z;           /* [b,n,h,D], optional */
+  int32_t p;
+  int64_t chunk_size;
+  expanse_layout layout;
+} expanse_update_state_args;
+
+/* Y_0 = Y_init (0 if NULL), Y_{m+1} = exp(A_m) Y_m + X_m. X [b,n,h,...], A [b,n,h], Y [b,n+1,h,...]. */
+typedef struct expanse_discumsum_args {
+  const expanse_tensor* X;
+  const expanse_tensor* A;      /* f32/f64 */
+  const expanse_tensor* Y_init; /* [b,h,...], optional */
+  expanse_tensor* Y;
+} expanse_discumsum_args;
+
+/* o_i = phi(scale q_i)^T S_m exp(Gc_i) [+ intra numerator] [/ (... z ... + intra denominator)].
+ * S [b,n,h,D,e] and z [b,n,h,D] are the states entering each chunk (discumsum's Y[:, :n]).
+ * The intra-chunk result (y,l,rowmax) of chunk_attention is optional; without it only the
+ * inter-chunk term is returned. normalize needs z (and l when intra is given) and an even p. */
+typedef struct expanse_query_state_args {
+  const expanse_tensor* q;      /* [b,t,hq,d] */
+  const expanse_tensor* S;      /* [b,n,h,D,e] */
+  const expanse_tensor* z;      /* [b,n,h,D], needed when normalize */
+  const expanse_tensor* log_g;  /* [b,t,h], optional */
+  const expanse_tensor* y;      /* [b,t,hq,e], optional intra-chunk numerator */
+  const expanse_tensor* l;      /* [b,t,hq], with y */
+  const expanse_tensor* rowmax; /* [b,t,hq], with y */
+  expanse_tensor* o;            /* [b,t,hq,e], q's dtype (or f64) */
+  int32_t p;
+  double scale; /* 0 means the default 1/sqrt(d) */
+  int64_t chunk_size;
+  int32_t normalize;
+  expanse_layout layout;
+} expanse_query_state_args;
+
+/* Stabilized causal intra-chunk attention: true numerator y*exp(rowmax), denominator l*exp(rowmax).
+ * chunk_size 0 means one chunk spanning the whole sequence (quadratic attention). */
+typedef struct expanse_chunk_attention_args {
+  const expanse_tensor* q;     /* [b,t,hq,d] */
+  const expanse_tensor* k;     /* [b,t,h,d] */
+  const expanse_tensor* v;     /* [b,t,h,e] */
+  const expanse_tensor* log_g; /* [b,t,h], optional */
+  expanse_tensor* y;           /* [b,t,hq,e] f32/f64 */
+  expanse_tensor* l;           /* [b,t,hq] f32/f64 */
+  expanse_tensor* rowmax;      /* [b,t,hq] f32/f64 */
+  int32_t p;
+  double scale;
+  int64_t chunk_size;
+} expanse_chunk_attention_args;
+
+/* Gated power attention. chunk_size 0 means the quadratic form. initial_S/initial_z [b,h,D,e]/[b,h,D]
+ * and final_S/final_z (written when non-NULL) use `layout`. */
+typedef struct expanse_power_attention_args {
+  const expanse_tensor* q;
+  const expanse_tensor* k;
+  const expanse_tensor* v;
+  const expanse_tensor* log_g;
+  const expanse_tensor* initial_S;
+  const expanse_tensor* initial_z;
+  expanse_tensor* o;       /* [b,t,hq,e], v's dtype (or f64) */
+  expanse_tensor* final_S; /* optional */
+  expanse_tensor* final_z; /* optional; needs final_S */
+  int32_t p;
+  double scale;
+  int64_t chunk_size;
+  int32_t normalize;
+  expanse_layout layout;
+} expanse_power_attention_args;
+
+/* One decoding step: q [b,hq,d] (or [b,1,hq,d]), k [b,h,d], v [b,h,e], log_g [b,h]; S [b,h,D,e] and
+ * z [b,h,D] are updated in place (S <- g S + phi(k) v^T), then o = phi(scale q)^T S [/ phi(scale q)^T z]. */
+typedef struct expanse_power_attention_step_args {
+  const expanse_tensor* q;
+  const expanse_tensor* k;
+  const expanse_tensor* v;
+  const expanse_tensor* log_g;
+  expanse_tensor* S;
+  expanse_tensor* z; /* needed when normalize */
+  expanse_tensor* o; /* [b,hq,e] (or [b,1,hq,e]) */
+  int32_t p;
+  double scale;
+  int32_t normalize;
+  expanse_layout layout;
+} expanse_power_attention_step_args;
+
+EXPANSE_API void expanse_sympow_expand_args_init(expanse_sympow_expand_args* a);
+EXPANSE_API void expanse_update_state_args_init(expanse_update_state_args* a);
+EXPANSE_API void expanse_discumsum_args_init(expanse_discumsum_args* a);
+EXPANSE_API void expanse_query_state_args_init(expanse_query_state_args* a);
+EXPANSE_API void expanse_chunk_attention_args_init(expanse_chunk_attention_args* a);
+EXPANSE_API void expanse_power_attention_args_init(expanse_power_attention_args* a);
+EXPANSE_API void expanse_power_attention_step_args_init(expanse_power_attention_step_args* a);
+
+/* ---------------------------------------------------------------- backends and devices */
+
+typedef struct expanse_device_info {
+  char name[128];
+  int32_t device_type; /* expanse_device_type */
+  int32_t device_id;
+  int32_t compute_major, compute_minor; /* 0 where it does not apply */
+  int32_t multiprocessors;              /* SMs / CUs / cores */
+  uint64_t memory_bytes;
+} expanse_device_info;
+
+typedef struct expanse_backend_info {
+  char name[64];
+  char path[512];    /* the module's file ("" for the built-in reference) */
+  int32_t available; /* 1: loaded and has at least one device */
+  char reason[512];  /* why it is not available ("" when it is) */
+  int32_t device_count;
+  uint32_t abi_version;
+} expanse_backend_info;
+
+/* Backends known to the registry (loaded or failed), in discovery order; the reference is first.
+ * Plugins are modules libexpanse-<name>.so found beside libexpanse.so and in the directories of
+ * $EXPANSE_BACKEND_PATH (colon-separated). */
+EXPANSE_API int32_t expanse_backend_count(void);
+EXPANSE_API expanse_status expanse_backend_get_info(int32_t index, expanse_backend_info* info);
+EXPANSE_API expanse_status expanse_backend_device_info(const char* backend, int32_t device,
+                                                       expanse_device_info* info);
+/* The default backend name: $EXPANSE_BACKEND if set, else "reference". */
+EXPANSE_API const char* expanse_default_backend(void);
+
+/* ---------------------------------------------------------------- contexts */
+
+typedef struct expanse_context expanse_context;
+
+/* A context binds a backend, a device, a stream and a workspace. backend NULL or "" selects
+ * expanse_default_backend(). Not thread-safe: use one context per thread. */
+EXPANSE_API expanse_status expanse_context_create(const char* backend, int32_t device,
+                                                  expanse_context** ctx);
+EXPANSE_API void expanse_context_destroy(expanse_context* ctx);
+EXPANSE_API const char* expanse_context_backend(const expanse_context* ctx);
+EXPANSE_API int32_t expanse_context_device_type(const expanse_context* ctx);
+/* The stream operations run on (cudaStream_t / hipStream_t; NULL: the default stream). */
+EXPANSE_API expanse_status expanse_context_set_stream(expanse_context* ctx, void* stream);
+/* Caller-owned device memory the operations may use as scratch; see expanse_workspace_size. */
+EXPANSE_API expanse_status expanse_context_set_workspace(expanse_context* ctx, void* workspace,
+                                                         size_t bytes);
+
+/* Whether the context's backend implements this problem; when not, the reason is written to
+ * `reason` (may be NULL) and EXPANSE_ERROR_UNSUPPORTED is returned. Invalid input gives
+ * EXPANSE_ERROR_INVALID_ARGUMENT. */
+EXPANSE_API expanse_status expanse_supports(expanse_context* ctx, expanse_op_kind op,
+                                            const void* args, char* reason, size_t reason_len);
+EXPANSE_API expanse_status expanse_workspace_size(expanse_context* ctx, expanse_op_kind op,
+                                                  const void* args, size_t* bytes);
+/* Validates, then runs `op` (args points to the op's *_args struct) on the context's stream. */
+EXPANSE_API expanse_status expanse_run(expanse_context* ctx, expanse_op_kind op, const void* args);
+
+EXPANSE_API expanse_status expanse_sympow_expand(expanse_context* ctx, const expanse_sympow_expand_args* a);
+EXPANSE_API expanse_status expanse_update_state(expanse_context* ctx, const expanse_update_state_args* a);
+EXPANSE_API expanse_status expanse_discumsum(expanse_context* ctx, const expanse_discumsum_args* a);
+EXPANSE_API expanse_status expanse_query_state(expanse_context* ctx, const expanse_query_state_args* a);
+EXPANSE_API expanse_status expanse_chunk_attention(expanse_context* ctx, const expanse_chunk_attention_args* a);
+EXPANSE_API expanse_status expanse_power_attention(expanse_context* ctx, const expanse_power_attention_args* a);
+EXPANSE_API expanse_status expanse_power_attention_step(expanse_context* ctx,
+                                                        const expanse_power_attention_step_args* a);
+
+/* Memory on the context's device, for callers without a framework (the CLI, tests, C users). */
+typedef enum expanse_copy_kind {
+  EXPANSE_COPY_HOST_TO_DEVICE = 0,
+  EXPANSE_COPY_DEVICE_TO_HOST = 1,
+  EXPANSE_COPY_DEVICE_TO_DEVICE = 2,
+} expanse_copy_kind;
+
+EXPANSE_API expanse_status expanse_malloc(expanse_context* ctx, size_t bytes, void** ptr);
+EXPANSE_API expanse_status expanse_free(expanse_context* ctx, void* ptr);
+/* Ordered on the context's stream; call expanse_synchronize before reading host memory. */
+EXPANSE_API expanse_status expanse_memcpy(expanse_context* ctx, void* dst, const void* src,
+                                          size_t bytes, expanse_copy_kind kind);
+EXPANSE_API expanse_status expanse_synchronize(expanse_context* ctx);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* EXPANSE_EXPANSE_H */

@@ -1,0 +1,205 @@
+// expanse: header-only C++ wrapper over the C ABI of libexpanse.so.
+//
+//   expanse::context ctx("reference");                   // or ctx("") for $EXPANSE_BACKEND
+//   std::vector<float> q(b*t*h*d), k(...), v(...), o(b*t*h*e);
+//   auto a = expanse::power_attention_args();
+//   expanse_tensor tq = expanse::tensor(q.data(), {b, t, h, d}), ...;
+//   a.q = &tq; a.k = &tk; a.v = &tv; a.o = &to; a.p = 2; a.chunk_size = 128;
+//   ctx.power_attention(a);                              // throws expanse::error on failure
+//
+// RAII handles own contexts and device buffers; failures throw expanse::error carrying the status
+// and the library's message (which names the offending argument).
+#ifndef EXPANSE_EXPANSE_HPP
+#define EXPANSE_EXPANSE_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <type_traits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "expanse/expanse.h"
+
+namespace expanse {
+
+class error : public std::runtime_error {
+ public:
+  error(expanse_status status, const std::string& message) : std::runtime_error(message), status_(status) {}
+  expanse_status status() const noexcept { return status_; }
+
+ private:
+  expanse_status status_;
+};
+
+inline void check(expanse_status status) {
+  if (status != EXPANSE_OK) throw error(status, expanse_last_error());
+}
+
+template <class T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr expanse_dtype value = EXPANSE_F32; };
+template <> struct dtype_of<double> { static constexpr expanse_dtype value = EXPANSE_F64; };
+
+// A contiguous tensor view over typed memory (float or double; use tensor_of for f16/bf16 bytes).
+template <class T>
+expanse_tensor tensor(T* data, std::initializer_list<int64_t> shape,
+                      expanse_device_type device_type = EXPANSE_DEVICE_CPU, int32_t device_id = 0) {
+  expanse_tensor t;
+  std::vector<int64_t> s(shape);
+  check(expanse_tensor_make(&t, const_cast<void*>(static_cast<const void*>(data)), dtype_of<std::remove_const_t<T>>::value,
+                            static_cast<int32_t>(s.size()), s.data(), device_type, device_id));
+  return t;
+}
+
+inline expanse_tensor tensor_of(void* data, expanse_dtype dtype, const std::vector<int64_t>& shape,
+                                expanse_device_type device_type = EXPANSE_DEVICE_CPU, int32_t device_id = 0) {
+  expanse_tensor t;
+  check(expanse_tensor_make(&t, data, dtype, static_cast<int32_t>(shape.size()), shape.data(), device_type, device_id));
+  return t;
+}
+
+inline int64_t expanded_dim(int32_t p, int64_t d, expanse_layout layout = {EXPANSE_LAYOUT_SYMPOW, 0}) {
+  int64_t D = 0;
+  check(expanse_expanded_dim(p, d, layout, &D));
+  return D;
+}
+
+// Argument structs with the library's defaults.
+#define EXPANSE_ARGS_FACTORY(name)                        \
+  inline expanse_##name##_args name##_args() {            \
+    expanse_##name##_args a;                              \
+    expanse_##name##_args_init(&a);                       \
+    return a;                                             \
+  }
+EXPANSE_ARGS_FACTORY(sympow_expand)
+EXPANSE_ARGS_FACTORY(update_state)
+EXPANSE_ARGS_FACTORY(discumsum)
+EXPANSE_ARGS_FACTORY(query_state)
+EXPANSE_ARGS_FACTORY(chunk_attention)
+EXPANSE_ARGS_FACTORY(power_attention)
+EXPANSE_ARGS_FACTORY(power_attention_step)
+#undef EXPANSE_ARGS_FACTORY
+
+inline std::vector<expanse_backend_info> backends() {
+  std::vector<expanse_backend_info> list(static_cast<size_t>(expanse_backend_count()));
+  for (size_t i = 0; i < list.size(); ++i) check(expanse_backend_get_info(static_cast<int32_t>(i), &list[i]));
+  return list;
+}
+
+class context;
+
+// Memory on a context's device, freed on destruction.
+class device_buffer {
+ public:
+  device_buffer() = default;
+  device_buffer(expanse_context* ctx, size_t bytes) : ctx_(ctx), bytes_(bytes) {
+    check(expanse_malloc(ctx_, bytes, &ptr_));
+  }
+  device_buffer(device_buffer&& o) noexcept { swap(o); }
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    device_buffer tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() {
+    if (ptr_) expanse_free(ctx_, ptr_);
+  }
+  void* data() const noexcept { return ptr_; }
+  size_t size() const noexcept { return bytes_; }
+
+ private:
+  void swap(device_buffer& o) noexcept {
+    std::swap(ctx_, o.ctx_);
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+  }
+  expanse_context* ctx_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A backend, a device, a stream and a workspace. Move-only.
+class context {
+ public:
+  explicit context(const std::string& backend = "", int32_t device = 0) {
+    check(expanse_context_create(backend.c_str(), device, &ctx_));
+  }
+  context(context&& o) noexcept
+      : ctx_(std::exchange(o.ctx_, nullptr)), workspace_(std::move(o.workspace_)) {}
+  context& operator=(context&& o) noexcept {
+    if (this != &o) {
+      workspace_ = device_buffer();
+      expanse_context_destroy(ctx_);
+      ctx_ = std::exchange(o.ctx_, nullptr);
+      workspace_ = std::move(o.workspace_);
+    }
+    return *this;
+  }
+  context(const context&) = delete;
+  context& operator=(const context&) = delete;
+  ~context() {
+    workspace_ = device_buffer();
+    expanse_context_destroy(ctx_);
+  }
+
+  expanse_context* get() const noexcept { return ctx_; }
+  std::string backend() const { return expanse_context_backend(ctx_); }
+  expanse_device_type device_type() const { return expanse_device_type(expanse_context_device_type(ctx_)); }
+  void set_stream(void* stream) { check(expanse_context_set_stream(ctx_, stream)); }
+  // Use caller-owned scratch memory; run() then never allocates.
+  void set_workspace(void* workspace, size_t bytes) {
+    workspace_ = device_buffer();
+    check(expanse_context_set_workspace(ctx_, workspace, bytes));
+  }
+
+  bool supports(expanse_op_kind op, const void* args, std::string* reason = nullptr) const {
+    char text[512] = {0};
+    const expanse_status st = expanse_supports(ctx_, op, args, text, sizeof(text));
+    if (st == EXPANSE_ERROR_UNSUPPORTED) {
+      if (reason) *reason = text;
+      return false;
+    }
+    check(st);
+    return true;
+  }
+  size_t workspace_size(expanse_op_kind op, const void* args) const {
+    size_t bytes = 0;
+    check(expanse_workspace_size(ctx_, op, args, &bytes));
+    return bytes;
+  }
+  // Runs op; for convenience grows an owned workspace when the op needs more than the context has.
+  void run(expanse_op_kind op, const void* args) {
+    const size_t needed = workspace_size(op, args);
+    if (needed > workspace_.size() && needed > 0) {
+      workspace_ = device_buffer(ctx_, needed);
+      check(expanse_context_set_workspace(ctx_, workspace_.data(), workspace_.size()));
+    }
+    check(expanse_run(ctx_, op, args));
+  }
+
+  void sympow_expand(const expanse_sympow_expand_args& a) { run(EXPANSE_OP_SYMPOW_EXPAND, &a); }
+  void update_state(const expanse_update_state_args& a) { run(EXPANSE_OP_UPDATE_STATE, &a); }
+  void discumsum(const expanse_discumsum_args& a) { run(EXPANSE_OP_DISCUMSUM, &a); }
+  void query_state(const expanse_query_state_args& a) { run(EXPANSE_OP_QUERY_STATE, &a); }
+  void chunk_attention(const expanse_chunk_attention_args& a) { run(EXPANSE_OP_CHUNK_ATTENTION, &a); }
+  void power_attention(const expanse_power_attention_args& a) { run(EXPANSE_OP_POWER_ATTENTION, &a); }
+  void power_attention_step(const expanse_power_attention_step_args& a) { run(EXPANSE_OP_POWER_ATTENTION_STEP, &a); }
+
+  device_buffer allocate(size_t bytes) { return device_buffer(ctx_, bytes); }
+  void copy(void* dst, const void* src, size_t bytes, expanse_copy_kind kind) {
+    check(expanse_memcpy(ctx_, dst, src, bytes, kind));
+  }
+  void synchronize() { check(expanse_synchronize(ctx_)); }
+
+ private:
+  expanse_context* ctx_ = nullptr;
+  device_buffer workspace_;
+};
+
+}  // namespace expanse
+
+#endif  // EXPANSE_EXPANSE_HPP

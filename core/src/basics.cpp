@@ -1,0 +1,134 @@
+// Small C entry points: version, names, dtype sizes, tensor construction, argument defaults.
+#include <cstring>
+
+#include "errors.hpp"
+#include "expanse/expanse.h"
+
+using namespace expanse::detail;
+
+#ifndef EXPANSE_VERSION_STRING
+#define EXPANSE_VERSION_STRING "0.0.0"
+#endif
+
+extern "C" {
+
+EXPANSE_API const char* expanse_version(void) { return EXPANSE_VERSION_STRING; }
+
+EXPANSE_API const char* expanse_status_name(expanse_status status) {
+  switch (status) {
+    case EXPANSE_OK: return "ok";
+    case EXPANSE_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case EXPANSE_ERROR_UNSUPPORTED: return "unsupported";
+    case EXPANSE_ERROR_BACKEND: return "backend error";
+    case EXPANSE_ERROR_OUT_OF_MEMORY: return "out of memory";
+    case EXPANSE_ERROR_WORKSPACE: return "workspace too small";
+    case EXPANSE_ERROR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+EXPANSE_API size_t expanse_dtype_size(expanse_dtype dtype) {
+  switch (dtype) {
+    case EXPANSE_F16: case EXPANSE_BF16: return 2;
+    case EXPANSE_F32: return 4;
+    case EXPANSE_F64: return 8;
+  }
+  return 0;
+}
+
+EXPANSE_API const char* expanse_dtype_name(expanse_dtype dtype) {
+  switch (dtype) {
+    case EXPANSE_F16: return "f16";
+    case EXPANSE_BF16: return "bf16";
+    case EXPANSE_F32: return "f32";
+    case EXPANSE_F64: return "f64";
+  }
+  return "unknown";
+}
+
+EXPANSE_API const char* expanse_op_name(expanse_op_kind op) {
+  switch (op) {
+    case EXPANSE_OP_SYMPOW_EXPAND: return "sympow_expand";
+    case EXPANSE_OP_UPDATE_STATE: return "update_state";
+    case EXPANSE_OP_DISCUMSUM: return "discumsum";
+    case EXPANSE_OP_QUERY_STATE: return "query_state";
+    case EXPANSE_OP_CHUNK_ATTENTION: return "chunk_attention";
+    case EXPANSE_OP_POWER_ATTENTION: return "power_attention";
+    case EXPANSE_OP_POWER_ATTENTION_STEP: return "power_attention_step";
+    case EXPANSE_OP_COUNT: break;
+  }
+  return "unknown";
+}
+
+EXPANSE_API expanse_status expanse_tensor_make(expanse_tensor* t, void* data, expanse_dtype dtype,
+                                               int32_t ndim, const int64_t* shape,
+                                               expanse_device_type device_type, int32_t device_id) {
+  return guarded([&] {
+    if (!t) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_tensor_make: argument 't' is NULL");
+    if (ndim < 0 || ndim > EXPANSE_MAX_DIMS)
+      fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_tensor_make: ndim must be in 0..%d, got %d",
+           EXPANSE_MAX_DIMS, ndim);
+    if (ndim > 0 && !shape) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_tensor_make: argument 'shape' is NULL");
+    std::memset(t, 0, sizeof(*t));
+    t->data = data;
+    t->dtype = dtype;
+    t->device_type = device_type;
+    t->device_id = device_id;
+    t->ndim = ndim;
+    int64_t stride = 1;
+    for (int32_t i = ndim - 1; i >= 0; --i) {
+      t->shape[i] = shape[i];
+      t->strides[i] = stride;
+      stride *= shape[i] > 0 ? shape[i] : 1;
+    }
+  });
+}
+
+static const expanse_layout default_layout = {EXPANSE_LAYOUT_SYMPOW, 0};
+
+EXPANSE_API void expanse_sympow_expand_args_init(expanse_sympow_expand_args* a) {
+  if (!a) return;
+  std::memset(a, 0, sizeof(*a));
+  a->p = 2;
+  a->layout = default_layout;
+}
+EXPANSE_API void expanse_update_state_args_init(expanse_update_state_args* a) {
+  if (!a) return;
+  std::memset(a, 0, sizeof(*a));
+  a->p = 2;
+  a->chunk_size = 128;
+  a->layout = default_layout;
+}
+EXPANSE_API void expanse_discumsum_args_init(expanse_discumsum_args* a) {
+  if (a) std::memset(a, 0, sizeof(*a));
+}
+EXPANSE_API void expanse_query_state_args_init(expanse_query_state_args* a) {
+  if (!a) return;
+  std::memset(a, 0, sizeof(*a));
+  a->p = 2;
+  a->chunk_size = 128;
+  a->normalize = 1;
+  a->layout = default_layout;
+}
+EXPANSE_API void expanse_chunk_attention_args_init(expanse_chunk_attention_args* a) {
+  if (!a) return;
+  std::memset(a, 0, sizeof(*a));
+  a->p = 2;
+  a->chunk_size = 128;
+}
+EXPANSE_API void expanse_power_attention_args_init(expanse_power_attention_args* a) {
+  if (!a) return;
+  std::memset(a, 0, sizeof(*a));
+  a->p = 2;
+  a->normalize = 1;
+  a->layout = default_layout;
+}
+EXPANSE_API void expanse_power_attention_step_args_init(expanse_power_attention_step_args* a) {
+  if (!a) return;
+  std::memset(a, 0, sizeof(*a));
+  a->p = 2;
+  a->normalize = 1;
+  a->layout = default_layout;
+}
+
+}  // extern "C"

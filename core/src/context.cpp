@@ -1,0 +1,212 @@
+// Contexts and dispatch: API -> validation -> the context's backend (supports, workspace, run).
+#include <algorithm>
+#include <string>
+
+#include "errors.hpp"
+#include "expanse/backend.h"
+#include "registry.hpp"
+#include "validate.hpp"
+
+using namespace expanse::detail;
+
+struct expanse_context {
+  const backend_entry* backend = nullptr;
+  int32_t device = 0;
+  void* stream = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+namespace {
+
+std::string known_backends() {
+  std::string s;
+  for (const backend_entry& b : backends())
+    s += (s.empty() ? "" : ", ") + b.name + (b.available() ? "" : " (unavailable)");
+  return s;
+}
+
+expanse_context& checked(expanse_context* ctx) {
+  if (!ctx) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "argument 'ctx' is NULL");
+  return *ctx;
+}
+
+const expanse_backend& table_of(const expanse_context& ctx) { return *ctx.backend->table; }
+
+// Validates args for ctx's device and asks the backend whether it implements the problem.
+void prepare(expanse_context& ctx, expanse_op_kind kind, const void* args, validated_op& v, expanse_op& op) {
+  validate_op(kind, args, {table_of(ctx).device_type, ctx.device}, v);
+  op.kind = kind;
+  op.args = v.args;
+  op.problem = &v.problem;
+  char reason[512] = {0};
+  if (table_of(ctx).supports(&op, reason, sizeof(reason)) != EXPANSE_OK) {
+    reason[sizeof(reason) - 1] = '\0';
+    fail(EXPANSE_ERROR_UNSUPPORTED, "%s: backend '%s' does not support this problem: %s", expanse_op_name(kind),
+         ctx.backend->name.c_str(), reason[0] ? reason : "no reason given");
+  }
+}
+
+void backend_call(const expanse_context& ctx, const char* what, expanse_status st, const char* err) {
+  if (st == EXPANSE_OK) return;
+  fail(st == EXPANSE_ERROR_UNSUPPORTED || st == EXPANSE_ERROR_OUT_OF_MEMORY ? st : EXPANSE_ERROR_INTERNAL,
+       "%s on backend '%s' failed: %s", what, ctx.backend->name.c_str(), err && *err ? err : expanse_status_name(st));
+}
+
+}  // namespace
+
+extern "C" {
+
+EXPANSE_API expanse_status expanse_context_create(const char* backend, int32_t device, expanse_context** ctx) {
+  return guarded([&] {
+    if (!ctx) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_context_create: argument 'ctx' is NULL");
+    *ctx = nullptr;
+    const std::string name = backend && *backend ? backend : expanse_default_backend();
+    const backend_entry* b = find_backend(name);
+    if (!b)
+      fail(EXPANSE_ERROR_BACKEND, "no backend named '%s'; known backends: %s. Plugins are searched beside "
+           "libexpanse.so and in $EXPANSE_BACKEND_PATH (see `expanse info`)", name.c_str(), known_backends().c_str());
+    if (!b->available())
+      fail(EXPANSE_ERROR_BACKEND, "backend '%s' is unavailable: %s", name.c_str(), b->reason.c_str());
+    if (device < 0 || device >= b->device_count)
+      fail(EXPANSE_ERROR_INVALID_ARGUMENT, "argument 'device': backend '%s' has %d device(s), got device %d",
+           name.c_str(), b->device_count, device);
+    auto* c = new expanse_context();
+    c->backend = b;
+    c->device = device;
+    *ctx = c;
+  });
+}
+
+EXPANSE_API void expanse_context_destroy(expanse_context* ctx) { delete ctx; }
+
+EXPANSE_API const char* expanse_context_backend(const expanse_context* ctx) {
+  return ctx ? ctx->backend->name.c_str() : "";
+}
+
+EXPANSE_API int32_t expanse_context_device_type(const expanse_context* ctx) {
+  return ctx ? ctx->backend->table->device_type : 0;
+}
+
+EXPANSE_API expanse_status expanse_context_set_stream(expanse_context* ctx, void* stream) {
+  return guarded([&] { checked(ctx).stream = stream; });
+}
+
+EXPANSE_API expanse_status expanse_context_set_workspace(expanse_context* ctx, void* workspace, size_t bytes) {
+  return guarded([&] {
+    expanse_context& c = checked(ctx);
+    if (!workspace && bytes)
+      fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_context_set_workspace: 'workspace' is NULL but bytes=%zu", bytes);
+    c.workspace = workspace;
+    c.workspace_bytes = bytes;
+  });
+}
+
+EXPANSE_API expanse_status expanse_supports(expanse_context* ctx, expanse_op_kind kind, const void* args, char* reason,
+                                            size_t reason_len) {
+  const expanse_status st = guarded([&] {
+    validated_op v;
+    expanse_op op{};
+    prepare(checked(ctx), kind, args, v, op);
+  });
+  if (reason && reason_len) {
+    const std::string text = st == EXPANSE_OK ? std::string() : std::string(expanse_last_error());
+    const size_t n = std::min(reason_len - 1, text.size());
+    text.copy(reason, n);
+    reason[n] = '\0';
+  }
+  return st;
+}
+
+EXPANSE_API expanse_status expanse_workspace_size(expanse_context* ctx, expanse_op_kind kind, const void* args,
+                                                  size_t* bytes) {
+  return guarded([&] {
+    if (!bytes) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_workspace_size: argument 'bytes' is NULL");
+    expanse_context& c = checked(ctx);
+    validated_op v;
+    expanse_op op{};
+    prepare(c, kind, args, v, op);
+    *bytes = 0;
+    backend_call(c, "workspace query", table_of(c).workspace_size(&op, bytes), nullptr);
+  });
+}
+
+EXPANSE_API expanse_status expanse_run(expanse_context* ctx, expanse_op_kind kind, const void* args) {
+  return guarded([&] {
+    expanse_context& c = checked(ctx);
+    validated_op v;
+    expanse_op op{};
+    prepare(c, kind, args, v, op);
+    size_t needed = 0;
+    backend_call(c, "workspace query", table_of(c).workspace_size(&op, &needed), nullptr);
+    if (needed > c.workspace_bytes)
+      fail(EXPANSE_ERROR_WORKSPACE,
+           "%s on backend '%s' needs a workspace of %zu bytes, the context has %zu: query expanse_workspace_size and "
+           "pass it with expanse_context_set_workspace", expanse_op_name(kind), c.backend->name.c_str(), needed,
+           c.workspace_bytes);
+    const expanse_exec exec{c.device, c.stream, c.workspace, c.workspace_bytes};
+    char err[512] = {0};
+    const expanse_status st = table_of(c).run(&op, &exec, err, sizeof(err));
+    err[sizeof(err) - 1] = '\0';
+    backend_call(c, expanse_op_name(kind), st, err);
+  });
+}
+
+#define EXPANSE_TYPED_OP(fn, kind, type) \
+  EXPANSE_API expanse_status fn(expanse_context* ctx, const type* a) { return expanse_run(ctx, kind, a); }
+EXPANSE_TYPED_OP(expanse_sympow_expand, EXPANSE_OP_SYMPOW_EXPAND, expanse_sympow_expand_args)
+EXPANSE_TYPED_OP(expanse_update_state, EXPANSE_OP_UPDATE_STATE, expanse_update_state_args)
+EXPANSE_TYPED_OP(expanse_discumsum, EXPANSE_OP_DISCUMSUM, expanse_discumsum_args)
+EXPANSE_TYPED_OP(expanse_query_state, EXPANSE_OP_QUERY_STATE, expanse_query_state_args)
+EXPANSE_TYPED_OP(expanse_chunk_attention, EXPANSE_OP_CHUNK_ATTENTION, expanse_chunk_attention_args)
+EXPANSE_TYPED_OP(expanse_power_attention, EXPANSE_OP_POWER_ATTENTION, expanse_power_attention_args)
+EXPANSE_TYPED_OP(expanse_power_attention_step, EXPANSE_OP_POWER_ATTENTION_STEP, expanse_power_attention_step_args)
+#undef EXPANSE_TYPED_OP
+
+EXPANSE_API expanse_status expanse_malloc(expanse_context* ctx, size_t bytes, void** ptr) {
+  return guarded([&] {
+    expanse_context& c = checked(ctx);
+    if (!ptr) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_malloc: argument 'ptr' is NULL");
+    *ptr = nullptr;
+    char err[512] = {0};
+    const expanse_status st = table_of(c).memory_alloc(c.device, bytes, ptr, err, sizeof(err));
+    err[sizeof(err) - 1] = '\0';
+    if (st != EXPANSE_OK)
+      fail(EXPANSE_ERROR_OUT_OF_MEMORY, "allocating %zu bytes on backend '%s' failed: %s", bytes,
+           c.backend->name.c_str(), err);
+  });
+}
+
+EXPANSE_API expanse_status expanse_free(expanse_context* ctx, void* ptr) {
+  return guarded([&] {
+    expanse_context& c = checked(ctx);
+    if (ptr) backend_call(c, "free", table_of(c).memory_free(c.device, ptr), nullptr);
+  });
+}
+
+EXPANSE_API expanse_status expanse_memcpy(expanse_context* ctx, void* dst, const void* src, size_t bytes,
+                                          expanse_copy_kind kind) {
+  return guarded([&] {
+    expanse_context& c = checked(ctx);
+    if (bytes == 0) return;
+    if (!dst || !src) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_memcpy: 'dst' and 'src' must not be NULL");
+    if (kind < EXPANSE_COPY_HOST_TO_DEVICE || kind > EXPANSE_COPY_DEVICE_TO_DEVICE)
+      fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_memcpy: unknown copy kind %d", int(kind));
+    char err[512] = {0};
+    const expanse_status st = table_of(c).memory_copy(c.device, dst, src, bytes, kind, c.stream, err, sizeof(err));
+    err[sizeof(err) - 1] = '\0';
+    backend_call(c, "copy", st, err);
+  });
+}
+
+EXPANSE_API expanse_status expanse_synchronize(expanse_context* ctx) {
+  return guarded([&] {
+    expanse_context& c = checked(ctx);
+    char err[512] = {0};
+    const expanse_status st = table_of(c).synchronize(c.device, c.stream, err, sizeof(err));
+    err[sizeof(err) - 1] = '\0';
+    backend_call(c, "synchronize", st, err);
+  });
+}
+
+}  // extern "C"

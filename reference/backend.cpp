@@ -1,0 +1,167 @@
+// The reference backend's table: host memory, oneTBB threads, every op computed in f64 by the
+// functions of ops.hpp. It supports every problem the core validates.
+#include "reference/reference_backend.hpp"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include <tbb/info.h>
+
+#include "reference/ops.hpp"
+
+namespace {
+
+// Writes the message into the caller's buffer, truncated and always NUL-terminated.
+void set_error(char* err, size_t err_len, const char* message) {
+  if (err != nullptr && err_len > 0) std::snprintf(err, err_len, "%s", message);
+}
+
+expanse_status ref_init(char* err, size_t err_len) {
+  set_error(err, err_len, "");
+  return EXPANSE_OK;
+}
+
+int32_t ref_device_count() { return 1; }
+
+expanse_status ref_device_info(int32_t device, expanse_device_info* info) {
+  if (device != 0 || info == nullptr) return EXPANSE_ERROR_INVALID_ARGUMENT;
+  std::memset(info, 0, sizeof(*info));
+  const int threads = tbb::info::default_concurrency();
+  std::snprintf(info->name, sizeof(info->name), "CPU (oneTBB, %d threads)", threads);
+  info->device_type = EXPANSE_DEVICE_CPU;
+  info->device_id = 0;
+  info->multiprocessors = threads;
+  const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+  info->memory_bytes = pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) : 0;
+  return EXPANSE_OK;
+}
+
+expanse_status ref_supports(const expanse_op*, char* reason, size_t reason_len) {
+  set_error(reason, reason_len, "");
+  return EXPANSE_OK;  // the core has validated the problem; the reference implements all of it
+}
+
+expanse_status ref_workspace_size(const expanse_op*, size_t* bytes) {
+  if (bytes != nullptr) *bytes = 0;
+  return EXPANSE_OK;
+}
+
+// Runs one op synchronously. No exception leaves: bad_alloc becomes OUT_OF_MEMORY, anything else
+// INTERNAL, with the text in err.
+expanse_status ref_run(const expanse_op* op, const expanse_exec*, char* err, size_t err_len) {
+  if (op == nullptr || op->args == nullptr || op->problem == nullptr) {
+    set_error(err, err_len, "reference: run called without op, args or problem");
+    return EXPANSE_ERROR_INTERNAL;
+  }
+  const expanse_problem& pb = *op->problem;
+  try {
+    switch (op->kind) {
+      case EXPANSE_OP_SYMPOW_EXPAND:
+        expanse_ref::sympow_expand(pb, *static_cast<const expanse_sympow_expand_args*>(op->args));
+        break;
+      case EXPANSE_OP_UPDATE_STATE:
+        expanse_ref::update_state(pb, *static_cast<const expanse_update_state_args*>(op->args));
+        break;
+      case EXPANSE_OP_DISCUMSUM:
+        expanse_ref::discumsum(pb, *static_cast<const expanse_discumsum_args*>(op->args));
+        break;
+      case EXPANSE_OP_QUERY_STATE:
+        expanse_ref::query_state(pb, *static_cast<const expanse_query_state_args*>(op->args));
+        break;
+      case EXPANSE_OP_CHUNK_ATTENTION:
+        expanse_ref::chunk_attention(pb, *static_cast<const expanse_chunk_attention_args*>(op->args));
+        break;
+      case EXPANSE_OP_POWER_ATTENTION:
+        expanse_ref::power_attention(pb, *static_cast<const expanse_power_attention_args*>(op->args));
+        break;
+      case EXPANSE_OP_POWER_ATTENTION_STEP:
+        expanse_ref::power_attention_step(pb, *static_cast<const expanse_power_attention_step_args*>(op->args));
+        break;
+      default: {
+        char message[64];
+        std::snprintf(message, sizeof(message), "reference: unknown op kind %d", static_cast<int>(op->kind));
+        set_error(err, err_len, message);
+        return EXPANSE_ERROR_INTERNAL;
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    set_error(err, err_len, "reference: out of host memory");
+    return EXPANSE_ERROR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    set_error(err, err_len, e.what());
+    return EXPANSE_ERROR_INTERNAL;
+  } catch (...) {
+    set_error(err, err_len, "reference: unknown exception");
+    return EXPANSE_ERROR_INTERNAL;
+  }
+  return EXPANSE_OK;
+}
+
+// Host memory, 64-byte aligned. bytes == 0 still returns a valid (freeable) allocation.
+constexpr size_t kAlignment = 64;
+
+expanse_status ref_memory_alloc(int32_t, size_t bytes, void** ptr, char* err, size_t err_len) {
+  if (ptr == nullptr) {
+    set_error(err, err_len, "reference: memory_alloc needs ptr");
+    return EXPANSE_ERROR_INVALID_ARGUMENT;
+  }
+  *ptr = nullptr;
+  if (bytes > SIZE_MAX - kAlignment) {
+    set_error(err, err_len, "reference: allocation size overflows");
+    return EXPANSE_ERROR_OUT_OF_MEMORY;
+  }
+  // aligned_alloc wants a size that is a multiple of the alignment.
+  const size_t rounded = bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  if (p == nullptr) {
+    char message[128];
+    std::snprintf(message, sizeof(message), "reference: cannot allocate %zu bytes of host memory", bytes);
+    set_error(err, err_len, message);
+    return EXPANSE_ERROR_OUT_OF_MEMORY;
+  }
+  *ptr = p;
+  return EXPANSE_OK;
+}
+
+expanse_status ref_memory_free(int32_t, void* ptr) {
+  std::free(ptr);  // free(NULL) is a no-op
+  return EXPANSE_OK;
+}
+
+expanse_status ref_memory_copy(int32_t, void* dst, const void* src, size_t bytes, expanse_copy_kind,
+                               void*, char*, size_t) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);  // every kind is host to host here
+  return EXPANSE_OK;
+}
+
+expanse_status ref_synchronize(int32_t, void*, char*, size_t) { return EXPANSE_OK; }  // runs are synchronous
+
+void* ref_get_proc_address(const char*) { return nullptr; }
+
+const expanse_backend kReferenceBackend = {
+    EXPANSE_BACKEND_ABI_VERSION,
+    static_cast<uint32_t>(sizeof(expanse_backend)),
+    "reference",
+    EXPANSE_DEVICE_CPU,
+    ref_init,
+    ref_device_count,
+    ref_device_info,
+    ref_supports,
+    ref_workspace_size,
+    ref_run,
+    ref_memory_alloc,
+    ref_memory_free,
+    ref_memory_copy,
+    ref_synchronize,
+    ref_get_proc_address,
+};
+
+}  // namespace
+
+const expanse_backend* expanse_reference_backend() { return &kReferenceBackend; }

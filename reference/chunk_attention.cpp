@@ -1,0 +1,74 @@
+// chunk_attention (SPEC.md "chunked algorithm", 4): causal power attention restricted to each
+// chunk, returned stabilized in log space. For i, j in the same chunk with j <= i:
+//   s_ij    = p log|scale q_i . k_j| + Gc_i - Gc_j         (-inf where the dot is exactly 0)
+//   sign_ij = sign(q_i . k_j)^p                           (+1 for even p)
+//   rowmax_i = max_j s_ij
+//   y_i = sum_j sign_ij exp(s_ij - rowmax_i) v_j           l_i = sum_j sign_ij exp(s_ij - rowmax_i)
+// so the true numerator is y_i exp(rowmax_i) and the denominator l_i exp(rowmax_i). A row whose
+// scores are all -inf gets rowmax = 0, y = 0, l = 0 (never NaN).
+#include <cmath>
+#include <limits>
+
+#include "reference/common.hpp"
+#include "reference/ops.hpp"
+
+namespace expanse_ref {
+
+void chunk_attention(const expanse_problem& pb, const expanse_chunk_attention_args& args) {
+  const int p = pb.p;
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  // Tasks: (batch, query head, chunk, block of query rows inside the chunk).
+  const int64_t c = pb.c > 0 ? pb.c : pb.t;
+  const int64_t blocks = (c + kRowBlock - 1) / kRowBlock;
+
+  parallel_for_index(pb.b * pb.hq * pb.n * blocks, [&](int64_t task) {
+    const int64_t blk = task % blocks;
+    const int64_t m = (task / blocks) % pb.n;
+    const int64_t qh = (task / (blocks * pb.n)) % pb.hq;
+    const int64_t bi = task / (blocks * pb.n * pb.hq);
+    const int64_t kv = kv_head_of(pb, qh);
+    const ChunkRange ch = chunk_range(m, c, pb.t);
+    // Local query rows [i0, i1) of the chunk; they see the keys [0, i1) of the chunk.
+    const int64_t i0 = blk * kRowBlock, i1 = std::min(ch.len, i0 + kRowBlock);
+    if (i0 >= i1) return;
+    const int64_t rows = i1 - i0;
+
+    const PrefixSum Gc(gather_log_g(args.log_g, bi, kv, ch.first, i1));
+    const RowMatrix Qs = pb.scale * gather_tokens(*args.q, bi, qh, ch.first + i0, rows);
+    const RowMatrix K = gather_tokens(*args.k, bi, kv, ch.first, i1);
+    const RowMatrix V = gather_tokens(*args.v, bi, kv, ch.first, i1);
+    const RowMatrix dots = Qs * K.transpose();  // [rows x i1]: scale q_i . k_j
+
+    // W(r, j) = sign_ij exp(s_ij - rowmax_i), 0 for masked (j > i) or -inf scores.
+    RowMatrix W = RowMatrix::Zero(rows, i1);
+    Vector rowmax(rows);
+    std::vector<double> s(static_cast<size_t>(i1));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = i0 + r;
+      double mx = neg_inf;
+      for (int64_t j = 0; j <= i; ++j) {
+        const double a = dots(r, j);
+        s[j] = a == 0.0 ? neg_inf : p * std::log(std::fabs(a)) + Gc.diff(i, j);
+        mx = std::max(mx, s[j]);
+      }
+      if (mx == neg_inf) {  // every dot is exactly 0: an empty row
+        rowmax(r) = 0.0;
+        continue;
+      }
+      rowmax(r) = mx;
+      for (int64_t j = 0; j <= i; ++j) {
+        if (s[j] == neg_inf) continue;
+        const double w = std::exp(s[j] - mx);
+        W(r, j) = (p % 2 == 1 && dots(r, j) < 0.0) ? -w : w;
+      }
+    }
+
+    const RowMatrix y = W * V;  // [rows x e]
+    const Vector l = W.rowwise().sum();
+    scatter_tokens(*args.y, bi, qh, ch.first + i0, y);
+    if (args.l != nullptr) scatter_token_scalars(*args.l, bi, qh, ch.first + i0, l);
+    if (args.rowmax != nullptr) scatter_token_scalars(*args.rowmax, bi, qh, ch.first + i0, rowmax);
+  });
+}
+
+}  // namespace expanse_ref
