@@ -18,7 +18,7 @@ void chunk_attention(const expanse_problem& pb, const expanse_chunk_attention_ar
   const int p = pb.p;
   const double neg_inf = -std::numeric_limits<double>::infinity();
   // Tasks: (batch, query head, chunk, block of query rows inside the chunk).
-  const int64_t c = pb.c > 0 ? pb.c : pb.t;
+  const int64_t c = chunk_size_of(pb);
   const int64_t blocks = (c + kRowBlock - 1) / kRowBlock;
 
   parallel_for_index(pb.b * pb.hq * pb.n * blocks, [&](int64_t task) {

@@ -82,6 +82,10 @@ inline void divide_rows(RowMatrix& num, const Vector& den) {
 // formed, so memory stays bounded for long sequences.
 constexpr int64_t kRowBlock = 256;
 
+// The chunk size c of a chunked op: problem.c, or the whole sequence when it is 0 (the quadratic
+// form, where the core sets c = t anyway).
+inline int64_t chunk_size_of(const expanse_problem& pb) { return pb.c > 0 ? pb.c : pb.t; }
+
 // [first, first + len) tokens of chunk m with chunk size c over t tokens (the last chunk may be
 // shorter).
 struct ChunkRange {

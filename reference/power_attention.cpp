@@ -145,7 +145,7 @@ void power_attention_chunked(const expanse_problem& pb, const expanse_power_atte
     load_initial_state(pb, args, bi, kv, S, z);
 
     for (int64_t m = 0; m < pb.n; ++m) {
-      const ChunkRange ch = chunk_range(m, pb.c, pb.t);
+      const ChunkRange ch = chunk_range(m, chunk_size_of(pb), pb.t);
       const PrefixSum Gc(gather_log_g(args.log_g, bi, kv, ch.first, ch.len));
       const RowMatrix K = gather_tokens(*args.k, bi, kv, ch.first, ch.len);
       const RowMatrix V = gather_tokens(*args.v, bi, kv, ch.first, ch.len);

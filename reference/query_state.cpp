@@ -26,7 +26,7 @@ void query_state(const expanse_problem& pb, const expanse_query_state_args& args
   parallel_for_index(pb.b * pb.hq * pb.n, [&](int64_t task) {
     const int64_t m = task % pb.n, qh = (task / pb.n) % pb.hq, bi = task / (pb.n * pb.hq);
     const int64_t kv = kv_head_of(pb, qh);
-    const ChunkRange ch = chunk_range(m, pb.c, pb.t);
+    const ChunkRange ch = chunk_range(m, chunk_size_of(pb), pb.t);
     if (ch.len == 0) return;
 
     const PrefixSum Gc(gather_log_g(args.log_g, bi, kv, ch.first, ch.len));

@@ -18,7 +18,7 @@ void update_state(const expanse_problem& pb, const expanse_update_state_args& ar
   // Chunks are independent: one task per (batch, kv head, chunk).
   parallel_for_index(pb.b * pb.h * pb.n, [&](int64_t task) {
     const int64_t m = task % pb.n, hi = (task / pb.n) % pb.h, bi = task / (pb.n * pb.h);
-    const ChunkRange ch = chunk_range(m, pb.c, pb.t);
+    const ChunkRange ch = chunk_range(m, chunk_size_of(pb), pb.t);
 
     const PrefixSum Gc(gather_log_g(args.log_g, bi, hi, ch.first, ch.len));
     Vector w(ch.len);  // w_j = exp(A_m - Gc_j)
