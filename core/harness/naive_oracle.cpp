@@ -12,19 +12,24 @@ namespace expanse::harness::naive {
 
 namespace {
 
-double factorial(int n) {
-  double f = 1;
+// Extended precision (64-bit mantissa on x86): the recurrent form computes (q.k)^p as a long sum
+// over D terms of mixed sign, which loses digits when q and k are nearly orthogonal; the extra bits
+// keep the oracle's own error well below the 1e-12 it checks the reference against.
+using real = long double;
+
+real factorial(int n) {
+  real f = 1;
   for (int i = 2; i <= n; ++i) f *= i;
   return f;
 }
 
 // sqrt(p! / prod_k hist_k!) for a non-decreasing multi-index idx (|idx| = p).
-double sym_coef(const std::vector<int64_t>& idx) {
-  double denom = 1;
+real sym_coef(const std::vector<int64_t>& idx) {
+  real denom = 1;
   size_t run = 0;
   for (size_t i = 0; i < idx.size(); ++i) {
     run = (i > 0 && idx[i] == idx[i - 1]) ? run + 1 : 1;
-    denom *= static_cast<double>(run);  // product of 1..hist_k over each run = prod hist_k!
+    denom *= static_cast<real>(run);  // product of 1..hist_k over each run = prod hist_k!
   }
   return std::sqrt(factorial(static_cast<int>(idx.size())) / denom);
 }
@@ -48,53 +53,53 @@ void enumerate(int32_t p, int64_t n, bool nondecreasing, const std::function<voi
 
 // All inputs read once as f64 (host_tensor::get handles every dtype).
 struct reader {
-  std::map<std::string, std::vector<double>> data;
+  std::map<std::string, std::vector<real>> data;
   explicit reader(const tensor_map& in) {
     for (const auto& kv : in) {
-      std::vector<double> v(static_cast<size_t>(kv.second.numel()));
+      std::vector<real> v(static_cast<size_t>(kv.second.numel()));
       for (int64_t i = 0; i < kv.second.numel(); ++i) v[static_cast<size_t>(i)] = kv.second.get(i);
       data[kv.first] = std::move(v);
     }
   }
   bool has(const std::string& name) const { return data.count(name) > 0; }
-  const std::vector<double>& tensor(const std::string& name) const {
+  const std::vector<real>& tensor(const std::string& name) const {
     auto it = data.find(name);
     if (it == data.end()) throw std::invalid_argument("naive oracle: missing input " + name);
     return it->second;
   }
-  double at(const std::string& name, int64_t i) const {
-    const std::vector<double>& v = tensor(name);
+  real at(const std::string& name, int64_t i) const {
+    const std::vector<real>& v = tensor(name);
     if (i < 0 || i >= static_cast<int64_t>(v.size())) throw std::invalid_argument("naive oracle: index out of range in " + name);
     return v[static_cast<size_t>(i)];
   }
-  std::vector<double> vec(const std::string& name, int64_t offset, int64_t len) const {
-    std::vector<double> v(static_cast<size_t>(len));
+  std::vector<real> vec(const std::string& name, int64_t offset, int64_t len) const {
+    std::vector<real> v(static_cast<size_t>(len));
     for (int64_t i = 0; i < len; ++i) v[static_cast<size_t>(i)] = at(name, offset + i);
     return v;
   }
 };
 
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double s = 0;
+real dot(const std::vector<real>& a, const std::vector<real>& b) {
+  real s = 0;
   for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
   return s;
 }
 
-std::vector<double> scaled(std::vector<double> x, double s) {
-  for (double& v : x) v *= s;
+std::vector<real> scaled(std::vector<real> x, real s) {
+  for (real& v : x) v *= s;
   return x;
 }
 
 }  // namespace
 
-std::vector<double> phi(const std::vector<double>& x, int32_t p, expanse_layout layout) {
+std::vector<real> phi_ext(const std::vector<real>& x, int32_t p, expanse_layout layout) {
   if (p < 1) throw std::invalid_argument("naive oracle: p must be >= 1");
   const int64_t d = static_cast<int64_t>(x.size());
-  std::vector<double> out;
+  std::vector<real> out;
   if (p == 1) return x;
   if (layout.kind == EXPANSE_LAYOUT_SYMPOW) {
     enumerate(p, d, true, [&](const std::vector<int64_t>& idx) {
-      double v = sym_coef(idx);
+      real v = sym_coef(idx);
       for (int64_t i : idx) v *= x[static_cast<size_t>(i)];
       out.push_back(v);
     });
@@ -102,16 +107,16 @@ std::vector<double> phi(const std::vector<double>& x, int32_t p, expanse_layout 
     const int64_t dt = layout.d_tile;
     if (dt <= 0 || d % dt != 0) throw std::invalid_argument("naive oracle: d % d_tile != 0");
     enumerate(p, d / dt, true, [&](const std::vector<int64_t>& tiles) {
-      const double coef = sym_coef(tiles);
+      const real coef = sym_coef(tiles);
       enumerate(p, dt, false, [&](const std::vector<int64_t>& local) {
-        double v = coef;
+        real v = coef;
         for (size_t k = 0; k < local.size(); ++k) v *= x[static_cast<size_t>(tiles[k] * dt + local[k])];
         out.push_back(v);
       });
     });
   } else if (layout.kind == EXPANSE_LAYOUT_TENSOR) {
     enumerate(p, d, false, [&](const std::vector<int64_t>& idx) {
-      double v = 1;
+      real v = 1;
       for (int64_t i : idx) v *= x[static_cast<size_t>(i)];
       out.push_back(v);
     });
@@ -121,13 +126,18 @@ std::vector<double> phi(const std::vector<double>& x, int32_t p, expanse_layout 
   return out;
 }
 
+std::vector<double> phi(const std::vector<double>& x, int32_t p, expanse_layout layout) {
+  const std::vector<real> f = phi_ext(std::vector<real>(x.begin(), x.end()), p, layout);
+  return std::vector<double>(f.begin(), f.end());
+}
+
 tensor_map run(const op_config& cfg, const tensor_map& inputs) {
   const reader in(inputs);
   const int64_t b = cfg.b, t = cfg.t, hq = cfg.hq, h = cfg.h, d = cfg.d, e = cfg.e;
   const int32_t p = cfg.p;
   const int64_t r = (h > 0) ? hq / h : 1;
-  const double scale = cfg.scale != 0.0 ? cfg.scale : 1.0 / std::sqrt(static_cast<double>(d));
-  const int64_t D = static_cast<int64_t>(phi(std::vector<double>(static_cast<size_t>(d), 0.0), p, cfg.layout).size());
+  const real scale = cfg.scale != 0.0 ? cfg.scale : 1.0 / std::sqrt(static_cast<real>(d));
+  const int64_t D = static_cast<int64_t>(phi_ext(std::vector<real>(static_cast<size_t>(d), 0.0), p, cfg.layout).size());
   const bool gated = cfg.gated && in.has("log_g");
   // Token-tensor offsets (contiguous row-major).
   auto qoff = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * t + ti) * hq + hi) * d; };
@@ -136,8 +146,8 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
   auto logg = [&](int64_t bi, int64_t ti, int64_t hi) { return gated ? in.at("log_g", (bi * t + ti) * h + hi) : 0.0; };
   // Gc: inclusive cumsum of log_g within the chunk of size c (c <= 0: the whole sequence).
   auto chunk_cumsum = [&](int64_t bi, int64_t hi, int64_t c) {
-    std::vector<double> Gc(static_cast<size_t>(t));
-    double acc = 0;
+    std::vector<real> Gc(static_cast<size_t>(t));
+    real acc = 0;
     for (int64_t ti = 0; ti < t; ++ti) {
       if (c > 0 && ti % c == 0) acc = 0;
       acc += logg(bi, ti, hi);
@@ -151,7 +161,7 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
     case EXPANSE_OP_SYMPOW_EXPAND: {
       host_tensor o = host_tensor::zeros(EXPANSE_F64, {t, D});
       for (int64_t row = 0; row < t; ++row) {
-        const std::vector<double> f = phi(in.vec("x", row * d, d), p, cfg.layout);
+        const std::vector<real> f = phi_ext(in.vec("x", row * d, d), p, cfg.layout);
         for (int64_t j = 0; j < D; ++j) o.set(row * D + j, f[static_cast<size_t>(j)]);
       }
       out["out"] = std::move(o);
@@ -161,20 +171,20 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
       const int64_t c = cfg.c;
       if (c < 1) throw std::invalid_argument("naive oracle: update_state needs c >= 1");
       const int64_t n = (t + c - 1) / c;
-      std::vector<double> S(static_cast<size_t>(b * n * h * D * e), 0.0), z(static_cast<size_t>(b * n * h * D), 0.0);
+      std::vector<real> S(static_cast<size_t>(b * n * h * D * e), 0.0), z(static_cast<size_t>(b * n * h * D), 0.0);
       for (int64_t bi = 0; bi < b; ++bi)
         for (int64_t hi = 0; hi < h; ++hi) {
-          const std::vector<double> Gc = chunk_cumsum(bi, hi, c);
+          const std::vector<real> Gc = chunk_cumsum(bi, hi, c);
           for (int64_t m = 0; m < n; ++m) {
             const int64_t first = m * c, last = std::min(t, first + c) - 1;
-            const double A = Gc[static_cast<size_t>(last)];
+            const real A = Gc[static_cast<size_t>(last)];
             const int64_t so = ((bi * n + m) * h + hi) * D;
             for (int64_t j = first; j <= last; ++j) {
-              const double w = std::exp(A - Gc[static_cast<size_t>(j)]);
-              const std::vector<double> fk = phi(in.vec("k", koff(bi, j, hi), d), p, cfg.layout);
-              const std::vector<double> vj = in.vec("v", voff(bi, j, hi), e);
+              const real w = std::exp(A - Gc[static_cast<size_t>(j)]);
+              const std::vector<real> fk = phi_ext(in.vec("k", koff(bi, j, hi), d), p, cfg.layout);
+              const std::vector<real> vj = in.vec("v", voff(bi, j, hi), e);
               for (int64_t x = 0; x < D; ++x) {
-                const double fx = w * fk[static_cast<size_t>(x)];
+                const real fx = w * fk[static_cast<size_t>(x)];
                 z[static_cast<size_t>(so + x)] += fx;
                 for (int64_t y = 0; y < e; ++y) S[static_cast<size_t>((so + x) * e + y)] += fx * vj[static_cast<size_t>(y)];
               }
@@ -196,12 +206,12 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
       const bool has_init = cfg.initial_state && in.has("Y_init");
       for (int64_t bi = 0; bi < b; ++bi)
         for (int64_t hi = 0; hi < h; ++hi) {
-          std::vector<double> cur(static_cast<size_t>(inner), 0.0);
+          std::vector<real> cur(static_cast<size_t>(inner), 0.0);
           if (has_init) cur = in.vec("Y_init", (bi * h + hi) * inner, inner);
           for (int64_t m = 0; m <= n; ++m) {
             for (int64_t x = 0; x < inner; ++x) Y.set(((bi * (n + 1) + m) * h + hi) * inner + x, cur[static_cast<size_t>(x)]);
             if (m == n) break;
-            const double g = std::exp(in.at("A", (bi * n + m) * h + hi));
+            const real g = std::exp(in.at("A", (bi * n + m) * h + hi));
             for (int64_t x = 0; x < inner; ++x)
               cur[static_cast<size_t>(x)] = g * cur[static_cast<size_t>(x)] + in.at("X", ((bi * n + m) * h + hi) * inner + x);
           }
@@ -216,29 +226,29 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
       for (int64_t bi = 0; bi < b; ++bi)
         for (int64_t qi = 0; qi < hq; ++qi) {
           const int64_t hi = qi / r;
-          const std::vector<double> Gc = chunk_cumsum(bi, hi, c);
+          const std::vector<real> Gc = chunk_cumsum(bi, hi, c);
           for (int64_t ti = 0; ti < t; ++ti) {
             const int64_t m = ti / c;
-            const double w = std::exp(Gc[static_cast<size_t>(ti)]);
-            const std::vector<double> fq = phi(scaled(in.vec("q", qoff(bi, ti, qi), d), scale), p, cfg.layout);
+            const real w = std::exp(Gc[static_cast<size_t>(ti)]);
+            const std::vector<real> fq = phi_ext(scaled(in.vec("q", qoff(bi, ti, qi), d), scale), p, cfg.layout);
             const int64_t so = ((bi * n + m) * h + hi) * D;
-            std::vector<double> num(static_cast<size_t>(e), 0.0);
-            double den = 0;
-            const std::vector<double>& Sv = in.tensor("S");
+            std::vector<real> num(static_cast<size_t>(e), 0.0);
+            real den = 0;
+            const std::vector<real>& Sv = in.tensor("S");
             for (int64_t x = 0; x < D; ++x) {
               for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += fq[static_cast<size_t>(x)] * Sv.at(static_cast<size_t>((so + x) * e + y));
               if (cfg.normalize) den += fq[static_cast<size_t>(x)] * in.at("z", so + x);
             }
-            for (double& v : num) v *= w;
+            for (real& v : num) v *= w;
             den *= w;
             const int64_t row = (bi * t + ti) * hq + qi;
             if (cfg.intra) {
-              const double em = std::exp(in.at("rowmax", row));
+              const real em = std::exp(in.at("rowmax", row));
               for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += in.at("y", row * e + y) * em;
               if (cfg.normalize) den += in.at("l", row) * em;
             }
             for (int64_t y = 0; y < e; ++y) {
-              double v = num[static_cast<size_t>(y)];
+              real v = num[static_cast<size_t>(y)];
               if (cfg.normalize) v = (den == 0.0) ? 0.0 : v / den;
               o.set(row * e + y, v);
             }
@@ -255,16 +265,16 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
       for (int64_t bi = 0; bi < b; ++bi)
         for (int64_t qi = 0; qi < hq; ++qi) {
           const int64_t hi = qi / r;
-          const std::vector<double> Gc = chunk_cumsum(bi, hi, c);
+          const std::vector<real> Gc = chunk_cumsum(bi, hi, c);
           for (int64_t ti = 0; ti < t; ++ti) {
             const int64_t first = (ti / c) * c;
-            const std::vector<double> qv = scaled(in.vec("q", qoff(bi, ti, qi), d), scale);
-            std::vector<double> s, sgn;
+            const std::vector<real> qv = scaled(in.vec("q", qoff(bi, ti, qi), d), scale);
+            std::vector<real> s, sgn;
             bool any = false;
-            double rowmax = -INFINITY;
+            real rowmax = -INFINITY;
             for (int64_t j = first; j <= ti; ++j) {
-              const double qk = dot(qv, in.vec("k", koff(bi, j, hi), d));
-              double sc = -INFINITY, sg = 0;
+              const real qk = dot(qv, in.vec("k", koff(bi, j, hi), d));
+              real sc = -INFINITY, sg = 0;
               if (qk != 0.0) {
                 any = true;
                 sc = p * std::log(std::fabs(qk)) + Gc[static_cast<size_t>(ti)] - Gc[static_cast<size_t>(j)];
@@ -276,12 +286,12 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
             }
             const int64_t row = (bi * t + ti) * hq + qi;
             if (!any) continue;  // y, l, rowmax stay 0
-            std::vector<double> y(static_cast<size_t>(e), 0.0);
-            double l = 0;
+            std::vector<real> y(static_cast<size_t>(e), 0.0);
+            real l = 0;
             for (int64_t j = first; j <= ti; ++j) {
               const size_t jj = static_cast<size_t>(j - first);
               if (sgn[jj] == 0) continue;
-              const double w = sgn[jj] * std::exp(s[jj] - rowmax);
+              const real w = sgn[jj] * std::exp(s[jj] - rowmax);
               l += w;
               for (int64_t x = 0; x < e; ++x) y[static_cast<size_t>(x)] += w * in.at("v", voff(bi, j, hi) + x);
             }
@@ -310,28 +320,28 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
       host_tensor zf = host_tensor::zeros(EXPANSE_F64, {b, h, D});
       for (int64_t bi = 0; bi < b; ++bi)
         for (int64_t hi = 0; hi < h; ++hi) {
-          std::vector<double> S(static_cast<size_t>(D * e), 0.0), z(static_cast<size_t>(D), 0.0);
+          std::vector<real> S(static_cast<size_t>(D * e), 0.0), z(static_cast<size_t>(D), 0.0);
           if (has_init) {
             S = in.vec(Sname, (bi * h + hi) * D * e, D * e);
             if (cfg.normalize) z = in.vec(zname, (bi * h + hi) * D, D);
           }
           for (int64_t ti = 0; ti < T; ++ti) {
-            const double g = std::exp(gated ? in.at("log_g", (bi * T + ti) * h + hi) : 0.0);
-            const std::vector<double> fk = phi(in.vec("k", sk(bi, ti, hi), d), p, cfg.layout);
-            const std::vector<double> vj = in.vec("v", sv(bi, ti, hi), e);
+            const real g = std::exp(gated ? in.at("log_g", (bi * T + ti) * h + hi) : 0.0);
+            const std::vector<real> fk = phi_ext(in.vec("k", sk(bi, ti, hi), d), p, cfg.layout);
+            const std::vector<real> vj = in.vec("v", sv(bi, ti, hi), e);
             for (int64_t x = 0; x < D; ++x) {
               z[static_cast<size_t>(x)] = g * z[static_cast<size_t>(x)] + fk[static_cast<size_t>(x)];
               for (int64_t y = 0; y < e; ++y)
                 S[static_cast<size_t>(x * e + y)] = g * S[static_cast<size_t>(x * e + y)] + fk[static_cast<size_t>(x)] * vj[static_cast<size_t>(y)];
             }
             for (int64_t qi = hi * r; qi < (hi + 1) * r; ++qi) {
-              const std::vector<double> fq = phi(scaled(in.vec("q", sq(bi, ti, qi), d), scale), p, cfg.layout);
-              const double den = dot(fq, z);
-              std::vector<double> num(static_cast<size_t>(e), 0.0);
+              const std::vector<real> fq = phi_ext(scaled(in.vec("q", sq(bi, ti, qi), d), scale), p, cfg.layout);
+              const real den = dot(fq, z);
+              std::vector<real> num(static_cast<size_t>(e), 0.0);
               for (int64_t x = 0; x < D; ++x)
                 for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += fq[static_cast<size_t>(x)] * S[static_cast<size_t>(x * e + y)];
               for (int64_t y = 0; y < e; ++y) {
-                double v = num[static_cast<size_t>(y)];
+                real v = num[static_cast<size_t>(y)];
                 if (cfg.normalize) v = (den == 0.0) ? 0.0 : v / den;
                 o.set(((bi * T + ti) * hq + qi) * e + y, v);
               }
