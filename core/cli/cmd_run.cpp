@@ -420,7 +420,7 @@ void run_op(const Settings& s, expanse_context* ctx, Binder& bind, Arrays& io) {
       std::vector<int64_t> shape = X->shape;
       if (shape[1] == INT64_MAX) throw std::runtime_error("X has too many chunks");
       shape[1] += 1;
-      NpyArray* Y = io.output("Y", shape, X->dtype);
+      NpyArray* Y = io.output("Y", shape, sd);  // an accumulator: f32, or f64 on the reference
       expanse_discumsum_args a;
       expanse_discumsum_args_init(&a);
       a.X = bind.input(X);

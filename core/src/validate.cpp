@@ -310,19 +310,22 @@ void validate_discumsum(const expanse_discumsum_args& a, checker& ck, validated_
   const expanse_tensor& A = ck.tensor("A", a.A, false);
   ck.rank("A", A, 3, "[b,n,h]");
   ck.dtype("A", A, kStateFloat);
-  for (int i = 0; i < 3; ++i) ck.dim("A", A, i, X.shape[i], "", "to match 'X' [b,n,h,...]");
+  const char* lead[] = {"b", "n", "h"};
+  for (int i = 0; i < 3; ++i) ck.dim("A", A, i, X.shape[i], lead[i], "to match 'X' [b,n,h,...]");
   if (const expanse_tensor* Y0 = ck.optional("Y_init", a.Y_init, false)) {
     ck.rank("Y_init", *Y0, X.ndim - 1, "[b,h,...] (X's rank - 1)");
     ck.dtype("Y_init", *Y0, kAnyFloat);
     ck.dim("Y_init", *Y0, 0, pr.b, "b", "to match 'X'");
-    for (int i = 2; i < X.ndim; ++i) ck.dim("Y_init", *Y0, i - 1, X.shape[i], "", "to match 'X' [b,n,h,...]");
+    for (int i = 2; i < X.ndim; ++i)
+      ck.dim("Y_init", *Y0, i - 1, X.shape[i], i == 2 ? "h" : "trailing", "to match 'X' [b,n,h,...]");
     pr.has_initial_state = 1;
   }
   const expanse_tensor& Y = ck.tensor("Y", a.Y, true);
   ck.rank("Y", Y, X.ndim, "[b,n+1,h,...] (X's rank)");
   ck.dtype("Y", Y, kStateFloat);
   for (int i = 0; i < X.ndim; ++i)
-    ck.dim("Y", Y, i, i == 1 ? pr.n + 1 : X.shape[i], i == 1 ? "n+1" : "", "to match 'X' [b,n,h,...]");
+    ck.dim("Y", Y, i, i == 1 ? pr.n + 1 : X.shape[i], i < 3 ? (i == 1 ? "n+1" : lead[i]) : "trailing",
+           "to match 'X' [b,n,h,...]");
   pr.output_dtype = pr.state_dtype = Y.dtype;
 }
 
