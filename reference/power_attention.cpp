@@ -26,8 +26,8 @@ namespace {
 //   num_r += sum_{j <= i} A_ij v_j,   den_r += sum_{j <= i} A_ij,   A_ij = (qs_i . k_j)^p exp(G_i - G_j).
 // Qs: the scaled queries of those rows; K, V: the range's keys and values (at least i0 + rows of
 // them); G: prefix sums of log_g over the range.
-void add_causal_term(const RowMatrix& Qs, const RowMatrix& K, const RowMatrix& V, const PrefixSum& G,
-                     int p, int64_t i0, RowMatrix& num, Vector& den) {
+void add_causal_term(const Eigen::Ref<const RowMatrix>& Qs, const RowMatrix& K, const RowMatrix& V,
+                     const PrefixSum& G, int p, int64_t i0, Eigen::Ref<RowMatrix> num, Eigen::Ref<Vector> den) {
   const int64_t rows = Qs.rows(), keys = i0 + rows;
   RowMatrix A = Qs * K.topRows(keys).transpose();  // scale q_i . k_j
   for (int64_t r = 0; r < rows; ++r) {
@@ -39,11 +39,11 @@ void add_causal_term(const RowMatrix& Qs, const RowMatrix& K, const RowMatrix& V
   den += A.rowwise().sum();
 }
 
-// State term: num_r += decay_r phi(qs_r)^T S,  den_r += decay_r phi(qs_r)^T z  (z may be null).
-void add_state_term(const RowMatrix& phiQ, const RowMatrix& S, const Vector* z, const Vector& decay,
+// State term: num_r += decay_r phi(qs_r)^T S,  den_r += decay_r phi(qs_r)^T z.
+void add_state_term(const RowMatrix& phiQ, const RowMatrix& S, const Vector& z, const Vector& decay,
                     RowMatrix& num, Vector& den) {
   num += decay.asDiagonal() * (phiQ * S);
-  if (z != nullptr) den += decay.asDiagonal() * (phiQ * *z);
+  den += decay.asDiagonal() * (phiQ * z);
 }
 
 // The initial state of (batch bi, kv head hi), or zeros without one. z0 is zero when absent
@@ -98,7 +98,7 @@ void power_attention_quadratic(const expanse_problem& pb, const expanse_power_at
       load_initial_state(pb, args, bi, kv, S0, z0);
       Vector decay(rows);
       for (int64_t r = 0; r < rows; ++r) decay(r) = std::exp(g.at(i0 + r));
-      add_state_term(phi->expand_rows(Qs), S0, &z0, decay, num, den);
+      add_state_term(phi->expand_rows(Qs), S0, z0, decay, num, den);
     }
 
     if (pb.normalize) divide_rows(num, den);
@@ -157,15 +157,12 @@ void power_attention_chunked(const expanse_problem& pb, const expanse_power_atte
         RowMatrix num = RowMatrix::Zero(ch.len, pb.e);
         Vector den = Vector::Zero(ch.len);
         // Inter-chunk: phi(scale q_i)^T S exp(Gc_i), likewise z.
-        add_state_term(phi.expand_rows(Qs), S, &z, decay, num, den);
+        add_state_term(phi.expand_rows(Qs), S, z, decay, num, den);
         // Intra-chunk: the causal A inside the chunk, in blocks of query rows.
         for (int64_t i0 = 0; i0 < ch.len; i0 += kRowBlock) {
           const int64_t rows = std::min(kRowBlock, ch.len - i0);
-          RowMatrix num_blk = num.middleRows(i0, rows);
-          Vector den_blk = den.segment(i0, rows);
-          add_causal_term(Qs.middleRows(i0, rows), K, V, Gc, pb.p, i0, num_blk, den_blk);
-          num.middleRows(i0, rows) = num_blk;
-          den.segment(i0, rows) = den_blk;
+          add_causal_term(Qs.middleRows(i0, rows), K, V, Gc, pb.p, i0, num.middleRows(i0, rows),
+                          den.segment(i0, rows));
         }
         if (pb.normalize) divide_rows(num, den);
         scatter_tokens(*args.o, bi, qh, ch.first, num);
