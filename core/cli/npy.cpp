@@ -4,6 +4,8 @@
 // for 2.0 and 3.0), then a Python dict literal padded with spaces and ending in '\n', then the data.
 #include "npy.hpp"
 
+#include "cases.hpp"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -219,58 +221,6 @@ uint32_t read_le(const unsigned char* p, int bytes) {
   return v;
 }
 
-// Round |x| (finite, nonzero) to a binary format with `eb` exponent bits and `mb` mantissa bits,
-// round-to-nearest-even, and return the bit pattern including the sign.
-uint16_t round_to_small_float(double x, int eb, int mb) {
-  const uint32_t sign_bit = (std::signbit(x) ? 1u : 0u) << (eb + mb);
-  const uint32_t exp_all = (1u << eb) - 1u;
-  if (std::isnan(x)) return static_cast<uint16_t>(sign_bit | (exp_all << mb) | (1u << (mb - 1)));
-  const double a = std::fabs(x);
-  if (std::isinf(a)) return static_cast<uint16_t>(sign_bit | (exp_all << mb));
-  if (a == 0.0) return static_cast<uint16_t>(sign_bit);
-  const int bias = (1 << (eb - 1)) - 1;
-  const int emin = 1 - bias;
-  int e2 = 0;
-  std::frexp(a, &e2);  // a = m * 2^e2, m in [0.5, 1)
-  int eu = e2 - 1;     // a in [2^eu, 2^(eu+1))
-  // Exact scaling by a power of two, then round-to-nearest-even to an integer significand.
-  auto rne = [](double q) {
-    double r = std::floor(q);
-    const double frac = q - r;
-    if (frac > 0.5 || (frac == 0.5 && std::fmod(r, 2.0) != 0.0)) r += 1.0;
-    return r;
-  };
-  if (eu < emin) {
-    // Subnormal: units of 2^(emin - mb). r == 2^mb encodes the smallest normal, which the plain
-    // bit pattern gets right (the carry lands in the exponent field).
-    const double r = rne(std::ldexp(a, mb - emin));
-    return static_cast<uint16_t>(sign_bit | static_cast<uint32_t>(r));
-  }
-  double r = rne(std::ldexp(a, mb - eu));  // in [2^mb, 2^(mb+1)]
-  if (r >= std::ldexp(1.0, mb + 1)) {
-    ++eu;
-    r = std::ldexp(1.0, mb);
-  }
-  if (eu > bias) return static_cast<uint16_t>(sign_bit | (exp_all << mb));  // overflow: infinity
-  return static_cast<uint16_t>(sign_bit | (static_cast<uint32_t>(eu + bias) << mb) |
-                               (static_cast<uint32_t>(r) - (1u << mb)));
-}
-
-double small_float_to_double(uint32_t bits, int eb, int mb) {
-  const bool neg = ((bits >> (eb + mb)) & 1u) != 0;
-  const uint32_t e = (bits >> mb) & ((1u << eb) - 1u);
-  const uint32_t m = bits & ((1u << mb) - 1u);
-  const int bias = (1 << (eb - 1)) - 1;
-  double v;
-  if (e == (1u << eb) - 1u)
-    v = (m != 0) ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else if (e == 0)
-    v = std::ldexp(static_cast<double>(m), 1 - bias - mb);
-  else
-    v = std::ldexp(static_cast<double>(m | (1u << mb)), static_cast<int>(e) - bias - mb);
-  return neg ? -v : v;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- dtypes
@@ -309,10 +259,6 @@ int64_t NpyArray::numel() const {
   return n;
 }
 
-uint16_t double_to_f16_bits(double x) { return round_to_small_float(x, 5, 10); }
-double f16_bits_to_double(uint16_t bits) { return small_float_to_double(bits, 5, 10); }
-uint16_t double_to_bf16_bits(double x) { return round_to_small_float(x, 8, 7); }
-double bf16_bits_to_double(uint16_t bits) { return small_float_to_double(bits, 8, 7); }
 
 double load_as_double(const void* data, expanse_dtype dtype, size_t index) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
@@ -320,12 +266,12 @@ double load_as_double(const void* data, expanse_dtype dtype, size_t index) {
     case EXPANSE_F16: {
       uint16_t b;
       std::memcpy(&b, p + 2 * index, 2);
-      return f16_bits_to_double(b);
+      return expanse::harness::f16_to_double(b);
     }
     case EXPANSE_BF16: {
       uint16_t b;
       std::memcpy(&b, p + 2 * index, 2);
-      return bf16_bits_to_double(b);
+      return expanse::harness::bf16_to_double(b);
     }
     case EXPANSE_F32: {
       float f;
@@ -345,12 +291,12 @@ void store_from_double(void* data, expanse_dtype dtype, size_t index, double v) 
   unsigned char* p = static_cast<unsigned char*>(data);
   switch (dtype) {
     case EXPANSE_F16: {
-      const uint16_t b = double_to_f16_bits(v);
+      const uint16_t b = expanse::harness::double_to_f16(v);
       std::memcpy(p + 2 * index, &b, 2);
       return;
     }
     case EXPANSE_BF16: {
-      const uint16_t b = double_to_bf16_bits(v);
+      const uint16_t b = expanse::harness::double_to_bf16(v);
       std::memcpy(p + 2 * index, &b, 2);
       return;
     }

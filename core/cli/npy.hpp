@@ -60,12 +60,7 @@ size_t dtype_bytes(expanse_dtype dtype);
 int64_t checked_numel(const std::vector<int64_t>& shape, const std::string& what,
                       size_t elem_bytes = 0);
 
-// IEEE binary16 and bfloat16 bit patterns. Rounding from double is a single round-to-nearest-even
-// (no double rounding through float); overflow gives infinity, NaN stays NaN (quiet).
-uint16_t double_to_f16_bits(double x);
-double f16_bits_to_double(uint16_t bits);
-uint16_t double_to_bf16_bits(double x);
-double bf16_bits_to_double(uint16_t bits);
+// f16/bf16 conversions: expanse::harness::double_to_f16 and friends (cases.hpp).
 
 // Element `index` of a buffer of `dtype`, as double (exact for every dtype).
 double load_as_double(const void* data, expanse_dtype dtype, size_t index);

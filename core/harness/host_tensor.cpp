@@ -2,64 +2,73 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "cases.hpp"
 
 namespace expanse::harness {
 
-double f16_to_double(uint16_t h) {
-  const int sign = (h >> 15) & 1, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  double value;
-  if (exponent == 0) value = std::ldexp(mantissa, -24);  // zero or subnormal
-  else if (exponent == 31) value = mantissa ? NAN : INFINITY;
-  else value = std::ldexp(mantissa + 1024, exponent - 25);
-  return sign ? -value : value;
-}
+namespace {
 
-uint16_t double_to_f16(double x) {
-  // Via f32 would round twice; round directly from the double instead.
-  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
-  if (std::isnan(x)) return 0x7e00;
-  double a = std::fabs(x);
-  if (a >= 65520.0) return sign | 0x7c00;  // rounds to infinity
-  if (a < std::ldexp(1.0, -14)) {          // subnormal: multiples of 2^-24
-    const double m = std::nearbyint(std::ldexp(a, 24));  // default rounding mode: to nearest even
-    return sign | static_cast<uint16_t>(m);
-  }
-  int e;
-  const double frac = std::frexp(a, &e);  // a = frac * 2^e, frac in [0.5, 1)
-  double m = std::nearbyint(std::ldexp(frac, 11));  // 11 significant bits
-  if (m == 2048.0) { m = 1024.0; ++e; }
-  const int biased = e - 1 + 15;
-  if (biased >= 31) return sign | 0x7c00;
-  return sign | static_cast<uint16_t>((biased << 10) | (static_cast<int>(m) - 1024));
-}
-
-double bf16_to_double(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t double_to_bf16(double x) {
-  if (std::isnan(x)) return 0x7fc0;
-  // bf16 has 8 significant bits; round the double there directly (no double rounding via f32).
+// Round |x| (finite, nonzero) to a binary format with `eb` exponent bits and `mb` mantissa bits,
+// round-to-nearest-even, and return the bit pattern including the sign.
+uint16_t round_to_small_float(double x, int eb, int mb) {
+  const uint32_t sign_bit = (std::signbit(x) ? 1u : 0u) << (eb + mb);
+  const uint32_t exp_all = (1u << eb) - 1u;
+  if (std::isnan(x)) return static_cast<uint16_t>(sign_bit | (exp_all << mb) | (1u << (mb - 1)));
   const double a = std::fabs(x);
-  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
-  if (a == 0.0) return sign;
-  int e;
-  std::frexp(a, &e);
-  const int lowest = -133;                 // exponent of bf16's smallest subnormal step: 2^-133
-  const int step_exp = std::max(e - 8, lowest);
-  const double r = std::ldexp(std::nearbyint(std::ldexp(a, -step_exp)), step_exp);
-  const float f = static_cast<float>(x < 0 ? -r : r);  // exact: r has at most 8 significant bits
-  if (std::isinf(f) || r > 3.3895313892515355e38) return sign | 0x7f80;
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return static_cast<uint16_t>(bits >> 16);
+  if (std::isinf(a)) return static_cast<uint16_t>(sign_bit | (exp_all << mb));
+  if (a == 0.0) return static_cast<uint16_t>(sign_bit);
+  const int bias = (1 << (eb - 1)) - 1;
+  const int emin = 1 - bias;
+  int e2 = 0;
+  std::frexp(a, &e2);  // a = m * 2^e2, m in [0.5, 1)
+  int eu = e2 - 1;     // a in [2^eu, 2^(eu+1))
+  // Exact scaling by a power of two, then round-to-nearest-even to an integer significand.
+  auto rne = [](double q) {
+    double r = std::floor(q);
+    const double frac = q - r;
+    if (frac > 0.5 || (frac == 0.5 && std::fmod(r, 2.0) != 0.0)) r += 1.0;
+    return r;
+  };
+  if (eu < emin) {
+    // Subnormal: units of 2^(emin - mb). r == 2^mb encodes the smallest normal, which the plain
+    // bit pattern gets right (the carry lands in the exponent field).
+    const double r = rne(std::ldexp(a, mb - emin));
+    return static_cast<uint16_t>(sign_bit | static_cast<uint32_t>(r));
+  }
+  double r = rne(std::ldexp(a, mb - eu));  // in [2^mb, 2^(mb+1)]
+  if (r >= std::ldexp(1.0, mb + 1)) {
+    ++eu;
+    r = std::ldexp(1.0, mb);
+  }
+  if (eu > bias) return static_cast<uint16_t>(sign_bit | (exp_all << mb));  // overflow: infinity
+  return static_cast<uint16_t>(sign_bit | (static_cast<uint32_t>(eu + bias) << mb) |
+                               (static_cast<uint32_t>(r) - (1u << mb)));
 }
+
+double small_float_to_double(uint32_t bits, int eb, int mb) {
+  const bool neg = ((bits >> (eb + mb)) & 1u) != 0;
+  const uint32_t e = (bits >> mb) & ((1u << eb) - 1u);
+  const uint32_t m = bits & ((1u << mb) - 1u);
+  const int bias = (1 << (eb - 1)) - 1;
+  double v;
+  if (e == (1u << eb) - 1u)
+    v = (m != 0) ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else if (e == 0)
+    v = std::ldexp(static_cast<double>(m), 1 - bias - mb);
+  else
+    v = std::ldexp(static_cast<double>(m | (1u << mb)), static_cast<int>(e) - bias - mb);
+  return neg ? -v : v;
+}
+
+}  // namespace
+
+double f16_to_double(uint16_t h) { return small_float_to_double(h, 5, 10); }
+uint16_t double_to_f16(double x) { return round_to_small_float(x, 5, 10); }
+double bf16_to_double(uint16_t h) { return small_float_to_double(h, 8, 7); }
+uint16_t double_to_bf16(double x) { return round_to_small_float(x, 8, 7); }
 
 int64_t host_tensor::numel() const {
   int64_t n = 1;
