@@ -63,7 +63,8 @@ typedef struct expanse_backend {
   /* EXPANSE_OK or EXPANSE_ERROR_UNSUPPORTED with the reason in `reason`. */
   expanse_status (*supports)(const expanse_op* op, char* reason, size_t reason_len);
   expanse_status (*workspace_size)(const expanse_op* op, size_t* bytes);
-  /* Enqueue on exec->stream; never synchronize the device, never allocate. */
+  /* Enqueue on exec->stream; never synchronize the device, never allocate device memory (scratch
+   * comes from exec->workspace). The CPU reference allocates host temporaries, which is fine. */
   expanse_status (*run)(const expanse_op* op, const expanse_exec* exec, char* err, size_t err_len);
 
   expanse_status (*memory_alloc)(int32_t device, size_t bytes, void** ptr, char* err, size_t err_len);
