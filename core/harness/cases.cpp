@@ -131,9 +131,9 @@ tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent) {
             A.set((bi * n + m) * cfg.h + hi, sum);
           }
       auto entering = [&](const host_tensor& X, int64_t inner) {  // Y[:, :n] of discumsum, naive
-        host_tensor Y = host_tensor::zeros(st, {cfg.b, n, cfg.h, D});
-        if (inner > 1) Y.shape.push_back(inner);
-        Y.bytes.assign(static_cast<size_t>(Y.numel()) * expanse_dtype_size(st), 0);
+        std::vector<int64_t> shape = {cfg.b, n, cfg.h, D};
+        if (inner > 1) shape.push_back(inner);
+        host_tensor Y = host_tensor::zeros(st, shape);
         const int64_t row = D * inner;
         for (int64_t bi = 0; bi < cfg.b; ++bi)
           for (int64_t hi = 0; hi < cfg.h; ++hi) {

@@ -1,5 +1,4 @@
 // Host tensors in any dtype, with exact f16/bf16 conversions (round to nearest even).
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,8 +10,9 @@ namespace expanse::harness {
 
 namespace {
 
-// Round |x| (finite, nonzero) to a binary format with `eb` exponent bits and `mb` mantissa bits,
-// round-to-nearest-even, and return the bit pattern including the sign.
+// Round x to a binary format with `eb` exponent bits and `mb` mantissa bits (round to nearest even,
+// straight from double: no double rounding through float) and return the bit pattern with its sign.
+// NaN stays a quiet NaN, overflow gives infinity, subnormals are kept.
 uint16_t round_to_small_float(double x, int eb, int mb) {
   const uint32_t sign_bit = (std::signbit(x) ? 1u : 0u) << (eb + mb);
   const uint32_t exp_all = (1u << eb) - 1u;
