@@ -102,6 +102,40 @@ std::vector<op_config> standard_cases() {
     cases.push_back(c);
   }
 
+  // The GPU fast paths (tensor-core kernels): f16/bf16, d and e in {32, 64, 128}, ragged chunks,
+  // grouped heads, every p, the tiled and sympow layouts.
+  struct fast { expanse_op_kind op; expanse_dtype dt; int p; int64_t d, e, t, c; expanse_layout layout; };
+  const fast fast_cases[] = {
+      {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
+      {EXPANSE_OP_UPDATE_STATE, EXPANSE_F16, 3, 32, 32, 70, 32, tiled(8)},
+      {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 1, 128, 128, 100, 64, kSympow},
+      {EXPANSE_OP_UPDATE_STATE, EXPANSE_F16, 4, 32, 32, 40, 16, kSympow},
+      {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
+      {EXPANSE_OP_QUERY_STATE, EXPANSE_F16, 2, 128, 32, 150, 64, kSympow},
+      {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 3, 32, 128, 70, 32, tiled(8)},
+      {EXPANSE_OP_QUERY_STATE, EXPANSE_F16, 4, 32, 64, 40, 16, tiled(8)},
+      {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
+      {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_F16, 3, 128, 32, 150, 0, tiled(8)},
+      {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_BF16, 4, 32, 128, 200, 96, tiled(8)},
+      {EXPANSE_OP_POWER_ATTENTION, EXPANSE_BF16, 2, 64, 64, 600, 128, tiled(8)},
+      {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F16, 2, 64, 64, 333, 256, kSympow},
+      {EXPANSE_OP_POWER_ATTENTION, EXPANSE_BF16, 3, 32, 32, 200, 64, tiled(8)},
+      {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F16, 1, 128, 128, 257, 0, kSympow},
+  };
+  int variant = 0;
+  for (const fast& f : fast_cases) {
+    op_config c = base(f.op);
+    c.dtype = f.dt; c.p = f.p; c.d = f.d; c.e = f.e; c.t = f.t; c.c = f.c; c.layout = f.layout;
+    c.hq = 4; c.h = 2;
+    c.normalize = f.p % 2 == 0;
+    c.gated = variant % 3 != 2;
+    c.intra = f.op == EXPANSE_OP_QUERY_STATE && variant % 2 == 0;
+    c.initial_state = f.op == EXPANSE_OP_POWER_ATTENTION && variant % 2 == 1;
+    c.final_state = f.op == EXPANSE_OP_POWER_ATTENTION;
+    ++variant;
+    cases.push_back(c);
+  }
+
   // power_attention_step.
   for (int p = 1; p <= 4; ++p) {
     op_config c = base(EXPANSE_OP_POWER_ATTENTION_STEP);

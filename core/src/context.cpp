@@ -209,4 +209,17 @@ EXPANSE_API expanse_status expanse_synchronize(expanse_context* ctx) {
   });
 }
 
+EXPANSE_API expanse_status expanse_time_runs(expanse_context* ctx, void (*body)(void* user), void* user,
+                                             int32_t reps, float* ms) {
+  return guarded([&] {
+    expanse_context& c = checked(ctx);
+    if (!body || !ms || reps < 1) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_time_runs: needs body, ms and reps >= 1");
+    using timer_fn = int (*)(void*, void (*)(void*), void*, int, float*);
+    void* proc = table_of(c).get_proc_address ? table_of(c).get_proc_address("expanse_timed_runs") : nullptr;
+    if (!proc) fail(EXPANSE_ERROR_UNSUPPORTED, "backend '%s' has no device timer", c.backend->name.c_str());
+    if (reinterpret_cast<timer_fn>(proc)(c.stream, body, user, reps, ms) != 0)
+      fail(EXPANSE_ERROR_INTERNAL, "expanse_time_runs: the device timer of backend '%s' failed", c.backend->name.c_str());
+  });
+}
+
 }  // extern "C"

@@ -298,6 +298,13 @@ EXPANSE_API expanse_status expanse_memcpy(expanse_context* ctx, void* dst, const
                                           size_t bytes, expanse_copy_kind kind);
 EXPANSE_API expanse_status expanse_synchronize(expanse_context* ctx);
 
+/* Device timing: runs body(user) `reps` times on the context's stream, each between a pair of the
+ * backend's device events (CUDA events on the cuda backend), and writes each run's milliseconds to
+ * ms[0..reps). Returns EXPANSE_ERROR_UNSUPPORTED when the backend has no device timer (the CPU
+ * reference: time it with a host clock). Used by `expanse bench`. */
+EXPANSE_API expanse_status expanse_time_runs(expanse_context* ctx, void (*body)(void* user), void* user,
+                                             int32_t reps, float* ms);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

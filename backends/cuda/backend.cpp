@@ -1,0 +1,227 @@
+// The plugin table of the CUDA backend (backend.h): device probing, memory, and the entry points
+// that hand each validated operation to its implementation list (dispatch.hpp).
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dispatch.hpp"
+
+namespace expanse_cuda {
+namespace {
+
+std::vector<device_props> g_props;  // filled by init()
+
+void write_text(char* buf, size_t len, const std::string& text) {
+  if (buf != nullptr && len > 0) std::snprintf(buf, len, "%s", text.c_str());
+}
+
+expanse_status cuda_failure(cudaError_t err, const char* what, char* buf, size_t len) {
+  write_text(buf, len, std::string("cuda: ") + what + ": " + cudaGetErrorString(err));
+  return err == cudaErrorMemoryAllocation ? EXPANSE_ERROR_OUT_OF_MEMORY : EXPANSE_ERROR_INTERNAL;
+}
+
+expanse_status init(char* err, size_t err_len) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    write_text(err, err_len, std::string("no CUDA device (") +
+                                 (status != cudaSuccess ? cudaGetErrorString(status) : "the driver reports 0 devices") + ")");
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return EXPANSE_ERROR_BACKEND;
+  }
+  g_props.assign(static_cast<size_t>(count), device_props{});
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    g_props[i].cc_major = p.major;
+    g_props[i].cc_minor = p.minor;
+    g_props[i].sm_count = p.multiProcessorCount;
+    g_props[i].smem_optin = p.sharedMemPerBlockOptin;
+  }
+  return EXPANSE_OK;
+}
+
+int32_t device_count() { return static_cast<int32_t>(g_props.size()); }
+
+expanse_status device_info(int32_t device, expanse_device_info* info) {
+  cudaDeviceProp p{};
+  if (device < 0 || device >= device_count() || cudaGetDeviceProperties(&p, device) != cudaSuccess)
+    return EXPANSE_ERROR_INVALID_ARGUMENT;
+  std::snprintf(info->name, sizeof(info->name), "%s", p.name);
+  info->device_type = EXPANSE_DEVICE_CUDA;
+  info->device_id = device;
+  info->compute_major = p.major;
+  info->compute_minor = p.minor;
+  info->multiprocessors = p.multiProcessorCount;
+  info->memory_bytes = p.totalGlobalMem;
+  return EXPANSE_OK;
+}
+
+// The device of an operation: the device id of its first tensor argument (the core has checked
+// that all tensors of the op share it).
+int32_t device_of(const expanse_op& op) {
+  const expanse_tensor* t = nullptr;
+  switch (op.kind) {
+    case EXPANSE_OP_SYMPOW_EXPAND: t = static_cast<const expanse_sympow_expand_args*>(op.args)->x; break;
+    case EXPANSE_OP_UPDATE_STATE: t = static_cast<const expanse_update_state_args*>(op.args)->k; break;
+    case EXPANSE_OP_DISCUMSUM: t = static_cast<const expanse_discumsum_args*>(op.args)->X; break;
+    case EXPANSE_OP_QUERY_STATE: t = static_cast<const expanse_query_state_args*>(op.args)->q; break;
+    case EXPANSE_OP_CHUNK_ATTENTION: t = static_cast<const expanse_chunk_attention_args*>(op.args)->q; break;
+    case EXPANSE_OP_POWER_ATTENTION: t = static_cast<const expanse_power_attention_args*>(op.args)->q; break;
+    case EXPANSE_OP_POWER_ATTENTION_STEP: t = static_cast<const expanse_power_attention_step_args*>(op.args)->q; break;
+    default: break;
+  }
+  return t != nullptr ? t->device_id : 0;
+}
+
+const device_props& props_of(int32_t device) {
+  static const device_props none{};
+  return device >= 0 && device < device_count() ? g_props[static_cast<size_t>(device)] : none;
+}
+
+expanse_status supports(const expanse_op* op, char* reason, size_t reason_len) {
+  try {
+    std::string why;
+    if (choose(*op, props_of(device_of(*op)), &why) != nullptr) return EXPANSE_OK;
+    write_text(reason, reason_len, why);
+    return EXPANSE_ERROR_UNSUPPORTED;
+  } catch (const std::exception& e) {
+    write_text(reason, reason_len, e.what());
+    return EXPANSE_ERROR_UNSUPPORTED;
+  }
+}
+
+expanse_status workspace_size(const expanse_op* op, size_t* bytes) {
+  try {
+    const device_props& props = props_of(device_of(*op));
+    const implementation* impl = choose(*op, props, nullptr);
+    *bytes = 0;
+    if (impl == nullptr) return EXPANSE_ERROR_UNSUPPORTED;
+    workspace ws(nullptr, 0);
+    launch_context lc{nullptr, ws, props};
+    impl->run(*op, lc);
+    *bytes = ws.used();
+    return EXPANSE_OK;
+  } catch (const std::exception&) {
+    return EXPANSE_ERROR_INTERNAL;
+  }
+}
+
+expanse_status run(const expanse_op* op, const expanse_exec* exec, char* err, size_t err_len) {
+  try {
+    const int32_t device = exec->device;
+    const cudaError_t set = cudaSetDevice(device);
+    if (set != cudaSuccess) return cuda_failure(set, "cudaSetDevice", err, err_len);
+    const device_props& props = props_of(device);
+    std::string why;
+    const implementation* impl = choose(*op, props, &why);
+    if (impl == nullptr) {
+      write_text(err, err_len, "cuda: " + why);
+      return EXPANSE_ERROR_UNSUPPORTED;
+    }
+    // Size first, so a too-small workspace is reported before anything is enqueued.
+    workspace sizing(nullptr, 0);
+    launch_context probe{nullptr, sizing, props};
+    impl->run(*op, probe);
+    if (sizing.used() > exec->workspace_bytes) {
+      write_text(err, err_len, "cuda: " + std::string(expanse_op_name(op->kind)) + " needs a workspace of " +
+                                   std::to_string(sizing.used()) + " bytes, got " + std::to_string(exec->workspace_bytes));
+      return EXPANSE_ERROR_WORKSPACE;
+    }
+    workspace ws(exec->workspace, exec->workspace_bytes);
+    launch_context lc{static_cast<cudaStream_t>(exec->stream), ws, props};
+    impl->run(*op, lc);
+    return EXPANSE_OK;
+  } catch (const std::exception& e) {
+    write_text(err, err_len, std::string("cuda: ") + e.what());
+    return EXPANSE_ERROR_INTERNAL;
+  }
+}
+
+expanse_status memory_alloc(int32_t device, size_t bytes, void** ptr, char* err, size_t err_len) {
+  *ptr = nullptr;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaMalloc(ptr, bytes == 0 ? 1 : bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_failure(e, "cudaMalloc", err, err_len);
+  }
+  return EXPANSE_OK;
+}
+
+expanse_status memory_free(int32_t device, void* ptr) {
+  if (ptr == nullptr) return EXPANSE_OK;
+  cudaSetDevice(device);
+  return cudaFree(ptr) == cudaSuccess ? EXPANSE_OK : EXPANSE_ERROR_INTERNAL;
+}
+
+expanse_status memory_copy(int32_t device, void* dst, const void* src, size_t bytes, expanse_copy_kind kind,
+                           void* stream, char* err, size_t err_len) {
+  cudaError_t e = cudaSetDevice(device);
+  const cudaMemcpyKind k = kind == EXPANSE_COPY_HOST_TO_DEVICE   ? cudaMemcpyHostToDevice
+                           : kind == EXPANSE_COPY_DEVICE_TO_HOST ? cudaMemcpyDeviceToHost
+                                                                 : cudaMemcpyDeviceToDevice;
+  if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, k, static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? EXPANSE_OK : cuda_failure(e, "cudaMemcpyAsync", err, err_len);
+}
+
+expanse_status synchronize(int32_t device, void* stream, char* err, size_t err_len) {
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? EXPANSE_OK : cuda_failure(e, "cudaStreamSynchronize", err, err_len);
+}
+
+// Extras by name: device timing with CUDA events, for `expanse bench`.
+int timer_elapsed_ms(void* stream, void (*body)(void*), void* user, int reps, float* ms_out);
+
+void* get_proc_address(const char* name) {
+  if (std::strcmp(name, "expanse_timed_runs") == 0) return reinterpret_cast<void*>(&timer_elapsed_ms);
+  return nullptr;
+}
+
+// Times `reps` calls of body(user) one by one with a pair of CUDA events around each, on `stream`;
+// writes the milliseconds of each into ms_out. Returns 0 on success.
+int timer_elapsed_ms(void* stream, void (*body)(void*), void* user, int reps, float* ms_out) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaEvent_t start, stop;
+  if (cudaEventCreate(&start) != cudaSuccess) return 1;
+  if (cudaEventCreate(&stop) != cudaSuccess) return 1;
+  int rc = 0;
+  for (int i = 0; i < reps && rc == 0; ++i) {
+    cudaEventRecord(start, s);
+    body(user);
+    cudaEventRecord(stop, s);
+    if (cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms_out[i], start, stop) != cudaSuccess) rc = 1;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return rc;
+}
+
+const expanse_backend kTable = {
+    EXPANSE_BACKEND_ABI_VERSION,
+    sizeof(expanse_backend),
+    "cuda",
+    EXPANSE_DEVICE_CUDA,
+    init,
+    device_count,
+    device_info,
+    supports,
+    workspace_size,
+    run,
+    memory_alloc,
+    memory_free,
+    memory_copy,
+    synchronize,
+    get_proc_address,
+};
+
+}  // namespace
+}  // namespace expanse_cuda
+
+extern "C" EXPANSE_BACKEND_EXPORT const expanse_backend* expanse_backend_entry(void) { return &expanse_cuda::kTable; }

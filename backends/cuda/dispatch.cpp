@@ -1,0 +1,47 @@
+#include "dispatch.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace expanse_cuda {
+
+static const std::vector<implementation>& list_of(expanse_op_kind kind) {
+  switch (kind) {
+    case EXPANSE_OP_SYMPOW_EXPAND: return sympow_expand_impls();
+    case EXPANSE_OP_UPDATE_STATE: return update_state_impls();
+    case EXPANSE_OP_DISCUMSUM: return discumsum_impls();
+    case EXPANSE_OP_QUERY_STATE: return query_state_impls();
+    case EXPANSE_OP_CHUNK_ATTENTION: return chunk_attention_impls();
+    case EXPANSE_OP_POWER_ATTENTION: return power_attention_impls();
+    case EXPANSE_OP_POWER_ATTENTION_STEP: return power_attention_step_impls();
+    default: break;
+  }
+  static const std::vector<implementation> none;
+  return none;
+}
+
+const implementation* choose(const expanse_op& op, const device_props& props, std::string* reasons) {
+  static const bool verbose = [] {
+    const char* v = std::getenv("EXPANSE_CUDA_VERBOSE");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  std::string why;
+  for (const implementation& impl : list_of(op.kind)) {
+    const std::string reason = impl.declines(op, props);
+    if (reason.empty()) {
+      if (verbose) std::fprintf(stderr, "expanse cuda: %s -> %s\n", expanse_op_name(op.kind), impl.name);
+      return &impl;
+    }
+    if (verbose) std::fprintf(stderr, "expanse cuda: %s: %s declines: %s\n", expanse_op_name(op.kind), impl.name, reason.c_str());
+    why += (why.empty() ? "" : "; ") + std::string(impl.name) + ": " + reason;
+  }
+  if (reasons) *reasons = why.empty() ? "no implementation of this operation" : why;
+  return nullptr;
+}
+
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+}  // namespace expanse_cuda

@@ -1,0 +1,77 @@
+// The CUDA backend's dispatch: for each operation an ordered list of implementations, fastest first
+// (oneDNN's implementation lists). The first whose `declines` returns no reason runs the problem;
+// when every one declines, the reasons are joined into the "unsupported" message, so a user sees why
+// no kernel took the problem. Set EXPANSE_CUDA_VERBOSE=1 to print which implementation runs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "expanse/backend.h"
+
+namespace expanse_cuda {
+
+// Properties of the device an operation runs on (queried once per device).
+struct device_props {
+  int cc_major = 0, cc_minor = 0;
+  int sm_count = 0;
+  size_t smem_optin = 0;  // shared memory per block with opt-in
+};
+
+// Scratch memory carved out of the caller's workspace. An operation runs twice: a sizing pass
+// (base == nullptr: only counts the bytes it takes, launches nothing) to answer workspace_size,
+// then the real pass. Both take the same pieces in the same order.
+class workspace {
+ public:
+  workspace(void* base, size_t bytes) : base_(static_cast<char*>(base)), bytes_(bytes) {}
+  bool sizing() const { return base_ == nullptr; }
+  template <class T>
+  T* take(size_t count) {
+    const size_t at = (used_ + 255) / 256 * 256;  // 256-byte aligned pieces
+    used_ = at + count * sizeof(T);
+    if (!sizing() && used_ > bytes_) throw std::length_error("workspace too small");
+    return sizing() ? nullptr : reinterpret_cast<T*>(base_ + at);
+  }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t bytes_;
+  size_t used_ = 0;
+};
+
+struct launch_context {
+  cudaStream_t stream;
+  workspace& ws;
+  const device_props& props;
+};
+
+// One implementation of one operation.
+struct implementation {
+  const char* name;
+  // Empty when this implementation takes the problem, else why not (shown to the user).
+  std::string (*declines)(const expanse_op& op, const device_props& props);
+  // Takes its workspace pieces, then (unless sizing) enqueues its kernels on the stream.
+  void (*run)(const expanse_op& op, launch_context& lc);
+};
+
+// The lists, one per operation (defined beside each operation in ops/*.cu).
+const std::vector<implementation>& sympow_expand_impls();
+const std::vector<implementation>& update_state_impls();
+const std::vector<implementation>& discumsum_impls();
+const std::vector<implementation>& query_state_impls();
+const std::vector<implementation>& chunk_attention_impls();
+const std::vector<implementation>& power_attention_impls();
+const std::vector<implementation>& power_attention_step_impls();
+
+// The implementation that takes `op` (nullptr and the joined reasons when none does).
+const implementation* choose(const expanse_op& op, const device_props& props, std::string* reasons);
+
+// Throws std::runtime_error with the CUDA error text when the last launch failed.
+void check_launch(const char* what);
+
+}  // namespace expanse_cuda

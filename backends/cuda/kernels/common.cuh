@@ -1,0 +1,89 @@
+// Device helpers shared by every CUDA kernel: element conversions, strided tensor offsets, the
+// feature-map table and the gate prefix sums.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "expanse/backend.h"
+
+namespace expanse_cuda {
+
+// ------------------------------------------------------------------ element types
+template <class T> __device__ __forceinline__ float to_f32(T x);
+template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// ------------------------------------------------------------------ strided tensors
+// Offsets (in elements) into an expanse_tensor passed by value to a kernel.
+__device__ __forceinline__ int64_t off3(const expanse_tensor& t, int64_t i0, int64_t i1, int64_t i2) {
+  return i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2];
+}
+__device__ __forceinline__ int64_t off4(const expanse_tensor& t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+  return i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2] + i3 * t.strides[3];
+}
+__device__ __forceinline__ int64_t off5(const expanse_tensor& t, int64_t i0, int64_t i1, int64_t i2, int64_t i3,
+                                        int64_t i4) {
+  return i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2] + i3 * t.strides[3] + i4 * t.strides[4];
+}
+template <class T> __device__ __forceinline__ float load(const expanse_tensor& t, int64_t off) {
+  return to_f32(static_cast<const T*>(t.data)[off]);
+}
+__device__ __forceinline__ float loadf(const expanse_tensor& t, int64_t off) {
+  return static_cast<const float*>(t.data)[off];
+}
+__device__ __forceinline__ float* ptrf(const expanse_tensor& t, int64_t off) { return static_cast<float*>(t.data) + off; }
+
+// ------------------------------------------------------------------ the feature map phi
+// Row r of phi (SPEC.md): phi_r(x) = coef * x[idx[0]] * ... * x[idx[p-1]]. Built once per call
+// by build_phi_table (ops/phi_table.cu) for any layout, so kernels need no layout logic.
+constexpr int kMaxDegree = 6;
+struct phi_entry {
+  float coef;
+  uint16_t idx[kMaxDegree];
+};
+static_assert(sizeof(phi_entry) == 16, "phi_entry is 16 bytes");
+
+template <class X>  // X(i) returns x_i as float
+__device__ __forceinline__ float phi_value(const phi_entry& row, int p, X x) {
+  float v = row.coef;
+  for (int k = 0; k < p; ++k) v *= x(row.idx[k]);
+  return v;
+}
+
+// ------------------------------------------------------------------ gates
+// Gate prefix sums inside chunks (ops/chunk_gates.cu), for a [b,t,h] log_g:
+//   Gc [b,h,t]: inclusive cumulative sum of log_g inside each chunk,
+//   total [b,h,n]: the chunk totals A_m (Gc at the chunk's last token).
+// Both null when the op is not gated (every gate is then 1).
+struct gates {
+  const float* Gc = nullptr;
+  const float* total = nullptr;
+  __device__ __forceinline__ float cum(int64_t bh, int64_t t_len, int64_t i) const {
+    return Gc ? Gc[bh * t_len + i] : 0.f;
+  }
+  __device__ __forceinline__ float chunk_total(int64_t bh, int64_t n, int64_t m) const {
+    return total ? total[bh * n + m] : 0.f;
+  }
+};
+
+// Grid-stride loop over [0, count).
+#define EXPANSE_GRID_LOOP(i, count)                                                              \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (count);  \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+inline unsigned grid_for(int64_t count, int threads) {
+  const int64_t blocks = (count + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks));
+}
+
+}  // namespace expanse_cuda

@@ -1,0 +1,238 @@
+// Intra-chunk power attention, flash style on tensor cores (mma.sync, sm_80+). For each query row
+// the scores are kept in log space (base 2):
+//   s_ij = p log2|scale q_i . k_j| + (Gc_i - Gc_j) log2(e)        (-inf where masked or the dot is 0)
+// with a running row maximum m_i, so that P_ij = sign_ij 2^(s_ij - m_i) never overflows, even for
+// p = 4 on long chunks. Outputs are the stabilized y = sum_j P_ij v_j, l = sum_j P_ij and
+// rowmax = m_i ln 2 (SPEC.md, intra-chunk attention).
+//
+// CTA: 4 warps, 64 query rows of one chunk (16 per warp) against key blocks of 64, causal. The next
+// key block is staged in registers while the current one is multiplied.
+#pragma once
+
+#include "kernels/common.cuh"
+#include "kernels/portable/mma.cuh"
+
+namespace expanse_cuda {
+
+struct flash_params {
+  const void* q;
+  const void* k;
+  const void* v;
+  int64_t q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh;  // last dims contiguous
+  float* y;
+  int64_t y_sb, y_st, y_sh, y_se;
+  float* l;
+  int64_t l_sb, l_st, l_sh;
+  float* rowmax;
+  int64_t r_sb, r_st, r_sh;
+  gates g;
+  int64_t t, c, n, h, hq;
+  int p, q_tiles;
+  float scale;
+};
+
+namespace flash_cfg {
+constexpr int kThreads = 128, kRows = 64, kKeys = 64;
+}
+
+template <class T, int DH, int E>
+constexpr size_t flash_smem() {
+  using namespace flash_cfg;
+  return (size_t(kRows) * (DH + 8) + size_t(kKeys) * (DH + 8) + size_t(kKeys) * (E + 8)) * sizeof(T) +
+         (kRows + kKeys) * sizeof(float);
+}
+
+template <class T, int DH, int E>
+__global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params P) {
+  using namespace flash_cfg;
+  constexpr int kQS = DH + 8, kVS = E + 8, kNT = E / 8;
+  constexpr int kKVec = kKeys * DH / 8 / kThreads, kVVec = kKeys * E / 8 / kThreads;
+  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* qs = reinterpret_cast<T*>(smem_raw);  // [kRows][kQS]
+  T* ks = qs + kRows * kQS;                // [kKeys][kQS]
+  T* vs = ks + kKeys * kQS;                // [kKeys][kVS]
+  float* gq = reinterpret_cast<float*>(vs + kKeys * kVS);  // Gc of the query rows
+  float* gk = gq + kRows;                                   // Gc of the key rows
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  int64_t cta = blockIdx.x;
+  const int qtile = static_cast<int>(cta % P.q_tiles);
+  cta /= P.q_tiles;
+  const int64_t qh = cta % P.hq;
+  cta /= P.hq;
+  const int64_t m = cta % P.n, batch = cta / P.n;
+  const int64_t kv = qh / (P.hq / P.h), bh = batch * P.h + kv;
+  const int64_t first = m * P.c, len = min(P.c, P.t - first);
+  const int q0 = qtile * kRows;  // local index of the first query row
+  if (q0 >= len) return;
+
+  const T* qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;
+  const T* kbase = static_cast<const T*>(P.k) + batch * P.k_sb + kv * P.k_sh;
+  const T* vbase = static_cast<const T*>(P.v) + batch * P.v_sb + kv * P.v_sh;
+  for (int vi = tid; vi < kRows * DH / 8; vi += kThreads) {
+    const int s = vi / (DH / 8), c8 = vi % (DH / 8);
+    const uint4 val = q0 + s < len ? *reinterpret_cast<const uint4*>(qbase + (first + q0 + s) * P.q_st + c8 * 8)
+                                   : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(qs + s * kQS + c8 * 8) = val;
+  }
+  if (tid < kRows) gq[tid] = P.g.Gc && q0 + tid < len ? P.g.Gc[bh * P.t + first + q0 + tid] : 0.f;
+
+  uint4 kreg[kKVec], vreg[kVVec];
+  float greg = 0.f;
+  auto load_block = [&](int key0) {
+#pragma unroll
+    for (int i = 0; i < kKVec; ++i) {
+      const int vi = tid + i * kThreads, s = vi / (DH / 8), c8 = vi % (DH / 8);
+      kreg[i] = key0 + s < len ? *reinterpret_cast<const uint4*>(kbase + (first + key0 + s) * P.k_st + c8 * 8)
+                               : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kVVec; ++i) {
+      const int vi = tid + i * kThreads, s = vi / (E / 8), c8 = vi % (E / 8);
+      vreg[i] = key0 + s < len ? *reinterpret_cast<const uint4*>(vbase + (first + key0 + s) * P.v_st + c8 * 8)
+                               : make_uint4(0, 0, 0, 0);
+    }
+    if (tid < kKeys) greg = P.g.Gc && key0 + tid < len ? P.g.Gc[bh * P.t + first + key0 + tid] : 0.f;
+  };
+  auto store_block = [&]() {
+#pragma unroll
+    for (int i = 0; i < kKVec; ++i) {
+      const int vi = tid + i * kThreads, s = vi / (DH / 8), c8 = vi % (DH / 8);
+      *reinterpret_cast<uint4*>(ks + s * kQS + c8 * 8) = kreg[i];
+    }
+#pragma unroll
+    for (int i = 0; i < kVVec; ++i) {
+      const int vi = tid + i * kThreads, s = vi / (E / 8), c8 = vi % (E / 8);
+      *reinterpret_cast<uint4*>(vs + s * kVS + c8 * 8) = vreg[i];
+    }
+    if (tid < kKeys) gk[tid] = greg;
+  };
+
+  const int last_key = static_cast<int>(min(len, int64_t(q0 + kRows)));  // keys [0, last_key) matter
+  const int blocks = (last_key + kKeys - 1) / kKeys;
+  load_block(0);
+  store_block();
+  __syncthreads();
+
+  // This warp's 16 query rows as A fragments, for every k16 slice of DH.
+  uint32_t qa[DH / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < DH / 16; ++kk)
+    ldmatrix_x4(qa[kk], qs + (warp * 16 + (lane & 15)) * kQS + kk * 16 + (lane >> 4) * 8);
+  const int row_local[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const float grow[2] = {gq[warp * 16 + g], gq[warp * 16 + g + 8]};
+
+  float acc[kNT][4];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+  const bool odd = P.p & 1;
+
+  for (int blk = 0; blk < blocks; ++blk) {
+    const int key0 = blk * kKeys;
+    if (blk + 1 < blocks) load_block(key0 + kKeys);
+    // Scores: Q K^T for 64 keys (8 n-tiles).
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[nt][i] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < DH / 16; kk += 2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, ks + (nt * 8 + (lane & 7)) * kQS + kk * 16 + (lane >> 3) * 8);
+        mma_16816<T>(s[nt], qa[kk], b);
+        if (kk + 1 < DH / 16) mma_16816<T>(s[nt], qa[kk + 1], b + 2);
+      }
+    }
+    // Log-space scores, masks, signs and the new row maxima.
+    uint32_t negative = 0;
+    float bmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int hf = i >> 1, key = key0 + nt * 8 + 2 * tq + (i & 1);
+        const float dot = s[nt][i] * P.scale;
+        float sc = -INFINITY;
+        if (key <= row_local[hf] && key < len && dot != 0.f)
+          sc = fmaf(grow[hf] - gk[nt * 8 + 2 * tq + (i & 1)], kLog2e, P.p * __log2f(fabsf(dot)));
+        if (odd && dot < 0.f) negative |= 1u << (nt * 4 + i);
+        s[nt][i] = sc;
+        bmax[hf] = fmaxf(bmax[hf], sc);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      bmax[hf] = fmaxf(bmax[hf], __shfl_xor_sync(0xffffffffu, bmax[hf], 1));
+      bmax[hf] = fmaxf(bmax[hf], __shfl_xor_sync(0xffffffffu, bmax[hf], 2));
+      const float mnew = fmaxf(mrow[hf], bmax[hf]);
+      alpha[hf] = mnew == -INFINITY ? 1.f : exp2f(mrow[hf] - mnew);  // exp2(-inf) = 0
+      mrow[hf] = mnew;
+      lrow[hf] *= alpha[hf];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[nt][i] *= alpha[i >> 1];
+    // P = sign 2^(s - m), packed as A fragments for P V.
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      float w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int hf = i >> 1;
+        w[i] = s[nt][i] == -INFINITY ? 0.f : exp2f(s[nt][i] - mrow[hf]);
+        if (negative & (1u << (nt * 4 + i))) w[i] = -w[i];
+        lrow[hf] += w[i];
+      }
+      pa[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(w[0], w[1]);
+      pa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(w[2], w[3]);
+    }
+    // O += P V.
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int brow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vs + brow * kVS + np * 16 + (lane >> 4) * 8);
+        mma_16816<T>(acc[2 * np], pa[kk], b);
+        mma_16816<T>(acc[2 * np + 1], pa[kk], b + 2);
+      }
+    }
+    __syncthreads();
+    if (blk + 1 < blocks) {
+      store_block();
+      __syncthreads();
+    }
+  }
+
+  // Row sums across the quad, then the outputs.
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    lrow[hf] += __shfl_xor_sync(0xffffffffu, lrow[hf], 1);
+    lrow[hf] += __shfl_xor_sync(0xffffffffu, lrow[hf], 2);
+    const int local = row_local[hf];
+    if (local >= len) continue;
+    const int64_t i = first + local;
+    const bool empty = mrow[hf] == -INFINITY;
+    float* yrow = P.y + batch * P.y_sb + i * P.y_st + qh * P.y_sh;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const int col = nt * 8 + 2 * tq;
+      yrow[col * P.y_se] = empty ? 0.f : acc[nt][2 * hf];
+      yrow[(col + 1) * P.y_se] = empty ? 0.f : acc[nt][2 * hf + 1];
+    }
+    if (tq == 0) {
+      if (P.l) P.l[batch * P.l_sb + i * P.l_st + qh * P.l_sh] = empty ? 0.f : lrow[hf];
+      if (P.rowmax) P.rowmax[batch * P.r_sb + i * P.r_st + qh * P.r_sh] = empty ? 0.f : mrow[hf] * kLn2;
+    }
+  }
+}
+
+}  // namespace expanse_cuda

@@ -1,0 +1,88 @@
+// Warp-level tensor-core primitives of sm_80 and later (mma.sync, ldmatrix), for f16 and bf16
+// operands with f32 accumulation. Fragment layouts follow the PTX ISA's m16n8k16 description:
+// lane = 4 g + t holds A rows g and g+8, columns 2t, 2t+1, 2t+8, 2t+9; B columns (n) g, rows (k)
+// 2t, 2t+1, 2t+8, 2t+9; C rows g and g+8, columns 2t and 2t+1.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace expanse_cuda {
+
+template <class T> struct mma_type;
+template <> struct mma_type<__half> { using pair = __half2; };
+template <> struct mma_type<__nv_bfloat16> { using pair = __nv_bfloat162; };
+
+// c += a * b on one 16x8x16 tile.
+template <class T>
+__device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, const uint32_t* b);
+
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float* c, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float* c, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices; lane L gives the row address of matrix L/8, row L%8.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t* r, const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_address(row)));
+}
+
+// Two b16 values as one 32-bit register (lo in the low half).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(T lo, T hi) {
+  const uint16_t l = reinterpret_cast<const uint16_t&>(lo), h = reinterpret_cast<const uint16_t&>(hi);
+  return static_cast<uint32_t>(l) | (static_cast<uint32_t>(h) << 16);
+}
+template <class T>
+__device__ __forceinline__ uint32_t pack2_f32(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2_f32<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return reinterpret_cast<uint32_t&>(v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2_f32<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return reinterpret_cast<uint32_t&>(v);
+}
+
+// Element-wise product of two packed pairs (one rounding: the exact product of two b16 values
+// fits in f32, so this equals multiplying in f32 and rounding once).
+template <class T>
+__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+  using P = typename mma_type<T>::pair;
+  P r = __hmul2(reinterpret_cast<const P&>(a), reinterpret_cast<const P&>(b));
+  return reinterpret_cast<uint32_t&>(r);
+}
+
+}  // namespace expanse_cuda

@@ -1,0 +1,262 @@
+// query_state as expand-MMA on tensor cores (mma.sync, sm_80+): for the tokens i of chunk m,
+//   num_i = phi(scale q_i)^T S_m exp(Gc_i),   den_i = phi(scale q_i)^T z_m exp(Gc_i),
+// combined with the intra-chunk (y, l, rowmax) and normalized in the epilogue. A GEMM with
+// M = tokens, N = e (+ one 8-wide tile holding z), K = D. The A operand phi(Q) is formed per
+// fragment from the query tile in shared memory (pairs of consecutive phi rows, the p factors
+// packed and multiplied as b16 pairs); phi's coefficients are folded into the state tile when it
+// is converted from f32 to b16, and scale^p into the epilogue.
+//
+// CTA: 4 warps, 128 tokens of one chunk (32 per warp: two m16 tiles) x all e, over one query head.
+// The K loop steps 32 rows of the state; the next rows are staged in registers meanwhile.
+#pragma once
+
+#include "kernels/common.cuh"
+#include "kernels/portable/mma.cuh"
+
+namespace expanse_cuda {
+
+struct mma_query_state_params {
+  const void* q;
+  int64_t q_sb, q_st, q_sh;  // [b,t,hq,d], d contiguous
+  const float* S;
+  int64_t S_sb, S_sn, S_sh, S_sD;  // [b,n,h,D,e], e contiguous
+  const float* z;                  // null unless normalized
+  int64_t z_sb, z_sn, z_sh, z_sD;
+  const float* y;  // null: no intra-chunk term
+  int64_t y_sb, y_st, y_sh, y_se;
+  const float* l;
+  int64_t l_sb, l_st, l_sh;
+  const float* rowmax;
+  int64_t r_sb, r_st, r_sh;
+  void* o;
+  int64_t o_sb, o_st, o_sh, o_se;
+  gates g;
+  const phi_entry* table;
+  int64_t t, c, n, h, hq, D;
+  int d, p, normalize, tok_tiles;
+  float scale_p;  // scale^p
+};
+
+namespace mma_query_state_cfg {
+constexpr int kWarps = 4, kThreads = 128;
+constexpr int kTokens = 128;  // tokens per CTA
+constexpr int kRowsK = 32;    // rows of the state per K step
+constexpr int kMaxD = 256;
+}  // namespace mma_query_state_cfg
+
+template <class T, int E>
+constexpr size_t mma_query_state_smem(int d) {
+  using namespace mma_query_state_cfg;
+  return size_t(kTokens) * (d + 8) * sizeof(T) + 2 * size_t(kRowsK) * (E + 8) * sizeof(T) +
+         2 * size_t(kRowsK) * 4 * sizeof(int);
+}
+
+// o = (num + y e^rm) / (den + l e^rm), scaled so that neither exponential overflows.
+__device__ __forceinline__ float combine_output(float num, float den, bool intra, float y, float l, float rm,
+                                                bool normalize) {
+  if (intra) {
+    if (!normalize) return num + y * expf(rm);
+    if (rm > 0.f) {
+      const float f = expf(-rm);
+      num = num * f + y;
+      den = den * f + l;
+    } else {
+      const float f = expf(rm);
+      num += f * y;
+      den += f * l;
+    }
+  }
+  if (!normalize) return num;
+  return den != 0.f ? num / den : 0.f;
+}
+
+template <class T, int E>
+__global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_params P) {
+  using namespace mma_query_state_cfg;
+  constexpr int kSS = E + 8;  // row stride of the state tile (e columns + the z tile)
+  constexpr int kNT = E / 8;
+  constexpr int kSVec = kRowsK * E / 4 / kThreads;  // float4 of S per thread per step
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int d = P.d, qs_stride = d + 8;
+  T* qs = reinterpret_cast<T*>(smem_raw);  // [kTokens][d+8]
+  T* sb[2];                                // [kRowsK][kSS]
+  sb[0] = qs + kTokens * qs_stride;
+  sb[1] = sb[0] + kRowsK * kSS;
+  int* sidx[2];  // [kRowsK][4]: the q columns of each phi row
+  sidx[0] = reinterpret_cast<int*>(sb[1] + kRowsK * kSS);
+  sidx[1] = sidx[0] + kRowsK * 4;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  int64_t cta = blockIdx.x;
+  const int tile = static_cast<int>(cta % P.tok_tiles);
+  cta /= P.tok_tiles;
+  const int64_t qh = cta % P.hq;
+  cta /= P.hq;
+  const int64_t m = cta % P.n, batch = cta / P.n;
+  const int64_t kv = qh / (P.hq / P.h), bh = batch * P.h + kv;
+  const int64_t chunk_first = m * P.c, chunk_len = min(P.c, P.t - chunk_first);
+  const int64_t tok0 = chunk_first + int64_t(tile) * kTokens;  // first token of this CTA
+  const int64_t ntok = min(int64_t(kTokens), chunk_first + chunk_len - tok0);
+  if (ntok <= 0) return;
+
+  // The query tile, once.
+  const T* qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;
+  for (int vi = tid; vi < kTokens * d / 8; vi += kThreads) {
+    const int s = vi / (d / 8), c8 = vi % (d / 8);
+    const uint4 val = s < ntok ? *reinterpret_cast<const uint4*>(qbase + (tok0 + s) * P.q_st + c8 * 8) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(qs + s * qs_stride + c8 * 8) = val;
+  }
+
+  const float* Sbase = P.S + batch * P.S_sb + m * P.S_sn + kv * P.S_sh;
+  const float* zbase = P.z ? P.z + batch * P.z_sb + m * P.z_sn + kv * P.z_sh : nullptr;
+  float4 sreg[kSVec];
+  float creg[kSVec];
+  float zreg = 0.f;
+  int ireg[4] = {0, 0, 0, 0};
+  auto load_step = [&](int64_t r0) {
+#pragma unroll
+    for (int i = 0; i < kSVec; ++i) {
+      const int vi = tid + i * kThreads, row = vi / (E / 4), c4 = vi % (E / 4);
+      const int64_t r = r0 + row;
+      sreg[i] = r < P.D ? *reinterpret_cast<const float4*>(Sbase + r * P.S_sD + c4 * 4) : make_float4(0, 0, 0, 0);
+      creg[i] = r < P.D ? P.table[r].coef : 0.f;
+    }
+    if (tid < kRowsK) {
+      const int64_t r = r0 + tid;
+      if (r < P.D) {
+        const phi_entry e = P.table[r];
+        zreg = zbase ? zbase[r * P.z_sD] * e.coef : 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) ireg[k] = e.idx[k];
+      } else {
+        zreg = 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) ireg[k] = 0;
+      }
+    }
+  };
+  auto store_step = [&](int buf) {
+#pragma unroll
+    for (int i = 0; i < kSVec; ++i) {
+      const int vi = tid + i * kThreads, row = vi / (E / 4), c4 = vi % (E / 4);
+      const float cf = creg[i];
+      uint2 packed;
+      packed.x = pack2_f32<T>(sreg[i].x * cf, sreg[i].y * cf);
+      packed.y = pack2_f32<T>(sreg[i].z * cf, sreg[i].w * cf);
+      *reinterpret_cast<uint2*>(sb[buf] + row * kSS + c4 * 4) = packed;
+    }
+    if (tid < kRowsK) {
+      uint4 zr = make_uint4(0, 0, 0, 0);
+      reinterpret_cast<T*>(&zr)[0] = from_f32<T>(zreg);
+      *reinterpret_cast<uint4*>(sb[buf] + tid * kSS + E) = zr;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) sidx[buf][tid * 4 + k] = ireg[k];
+    }
+  };
+
+  float acc[2][kNT + 1][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt <= kNT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+
+  const bool want_z = P.normalize != 0;
+  const int64_t steps = (P.D + kRowsK - 1) / kRowsK;
+  load_step(0);
+  store_step(0);
+  __syncthreads();
+  const T* qrow[2][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) qrow[mt][hf] = qs + (warp * 32 + mt * 16 + hf * 8 + g) * qs_stride;
+
+  for (int64_t step = 0; step < steps; ++step) {
+    const int buf = static_cast<int>(step & 1);
+    if (step + 1 < steps) load_step((step + 1) * kRowsK);
+    const T* bb = sb[buf];
+    const int* ib = sidx[buf];
+#pragma unroll
+    for (int ks = 0; ks < kRowsK / 16; ++ks) {
+      // The q columns of the 4 phi rows (2tq, 2tq+1, 2tq+8, 2tq+9) this lane's fragments use.
+      int cols[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = ks * 16 + 2 * tq + (j & 1) + (j >> 1) * 8;
+        const int4 v = *reinterpret_cast<const int4*>(ib + r * 4);
+        cols[j][0] = v.x; cols[j][1] = v.y; cols[j][2] = v.z; cols[j][3] = v.w;
+      }
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const T* row = qrow[mt][q & 1];
+          const int j0 = (q >> 1) * 2;  // phi rows j0 and j0+1 of cols[]
+          uint32_t prod = pack2(row[cols[j0][0]], row[cols[j0 + 1][0]]);
+#pragma unroll
+          for (int k = 1; k < 4; ++k)
+            if (k < P.p) prod = mul2<T>(prod, pack2(row[cols[j0][k]], row[cols[j0 + 1][k]]));
+          a[mt][q] = prod;
+        }
+      const int brow = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, bb + brow * kSS + np * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma_16816<T>(acc[mt][2 * np], a[mt], b);
+          mma_16816<T>(acc[mt][2 * np + 1], a[mt], b + 2);
+        }
+      }
+      if (want_z) {
+        uint32_t b[2];
+        ldmatrix_x2_trans(b, bb + brow * kSS + E);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) mma_16816<T>(acc[mt][kNT], a[mt], b);
+      }
+    }
+    if (step + 1 < steps) store_step(buf ^ 1);
+    __syncthreads();
+  }
+
+  // Epilogue: decay, scale^p, the intra-chunk term, normalization.
+  T* obase = static_cast<T*>(P.o) + batch * P.o_sb + qh * P.o_sh;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int local = warp * 32 + mt * 16 + hf * 8 + g;
+      float den = __shfl_sync(0xffffffffu, acc[mt][kNT][2 * hf], lane & ~3);
+      if (local >= ntok) continue;
+      const int64_t i = tok0 + local;
+      const float f = P.scale_p * (P.g.Gc ? __expf(P.g.Gc[bh * P.t + i]) : 1.f);
+      den *= f;
+      float lv = 0.f, rm = 0.f;
+      const bool intra = P.y != nullptr;
+      if (intra) {
+        rm = P.rowmax[batch * P.r_sb + i * P.r_st + qh * P.r_sh];
+        if (P.l) lv = P.l[batch * P.l_sb + i * P.l_st + qh * P.l_sh];
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int col = nt * 8 + 2 * tq;
+        float yv0 = 0.f, yv1 = 0.f;
+        if (intra) {
+          const float* yrow = P.y + batch * P.y_sb + i * P.y_st + qh * P.y_sh;
+          yv0 = yrow[col * P.y_se];
+          yv1 = yrow[(col + 1) * P.y_se];
+        }
+        const float o0 = combine_output(acc[mt][nt][2 * hf] * f, den, intra, yv0, lv, rm, want_z);
+        const float o1 = combine_output(acc[mt][nt][2 * hf + 1] * f, den, intra, yv1, lv, rm, want_z);
+        T* out = obase + i * P.o_st;
+        out[col * P.o_se] = from_f32<T>(o0);
+        out[(col + 1) * P.o_se] = from_f32<T>(o1);
+      }
+    }
+}
+
+}  // namespace expanse_cuda

@@ -1,0 +1,234 @@
+// update_state as expand-MMA on tensor cores (mma.sync, sm_80+):
+//   S_m[r, :] = sum_j w_j phi_r(k_j) v_j,   z_m[r] = sum_j w_j phi_r(k_j),   w_j = exp(A_m - Gc_j).
+// A GEMM with M = D (rows of phi), N = e (+ one 8-wide tile whose first column is w_j, giving z),
+// K = the chunk's tokens. The A operand, phi(K)^T, is never stored anywhere: each lane multiplies
+// the p key entries of its fragment straight from a transposed key tile in shared memory (packed
+// pairs of consecutive tokens, one rounding per product). The coefficient of row r is applied in
+// the epilogue and the gate w_j is folded into the V tile, so the inner loop is loads, p-1 packed
+// multiplies and MMAs.
+//
+// CTA: 8 warps, 256 rows of phi (32 per warp: two m16 tiles) x all e columns, over one chunk of one
+// head. The K loop steps 32 tokens; the next tile is loaded into registers while the current one
+// is multiplied (double-buffered shared memory, one barrier per step).
+#pragma once
+
+#include "kernels/common.cuh"
+#include "kernels/portable/mma.cuh"
+
+namespace expanse_cuda {
+
+struct mma_update_state_params {
+  const void* k;
+  const void* v;
+  int64_t k_sb, k_st, k_sh;  // strides of k [b,t,h,d] (d contiguous)
+  int64_t v_sb, v_st, v_sh;
+  gates g;
+  const phi_entry* table;
+  float* S;
+  int64_t S_sb, S_sn, S_sh, S_sD;  // [b,n,h,D,e] (e contiguous)
+  float* z;                        // null: no z
+  int64_t z_sb, z_sn, z_sh, z_sD;
+  int64_t t, c, n, h, D;
+  int d, p;
+  int row_tiles;  // ceil(D / 256)
+};
+
+namespace mma_update_state_cfg {
+constexpr int kWarps = 8, kThreads = 256;
+constexpr int kRows = 256;  // rows of phi per CTA
+constexpr int kTok = 32;    // tokens per K step
+constexpr int kTokPad = kTok + 8;
+constexpr int kMaxD = 256;
+}  // namespace mma_update_state_cfg
+
+// Shared memory bytes for d and E.
+template <class T, int E>
+constexpr size_t mma_update_state_smem(int d) {
+  using namespace mma_update_state_cfg;
+  return 2 * (size_t(d + 1) * kTokPad + size_t(kTok) * (E + 8)) * sizeof(T);
+}
+
+template <class T, int E>
+__global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_state_params P) {
+  using namespace mma_update_state_cfg;
+  constexpr int kVS = E + 8;             // row stride of the V tile (e columns + the z tile)
+  constexpr int kNT = E / 8;             // n8 tiles of v
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int d = P.d;
+  T* kT[2];  // [d+1][kTokPad]: keys transposed; row d stays zero (the rows past D point there)
+  T* vs[2];  // [kTok][kVS]: gated values, column E = the gate (z), E+1..E+7 = 0
+  kT[0] = reinterpret_cast<T*>(smem_raw);
+  kT[1] = kT[0] + (d + 1) * kTokPad;
+  vs[0] = kT[1] + (d + 1) * kTokPad;
+  vs[1] = vs[0] + kTok * kVS;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  int64_t cta = blockIdx.x;
+  const int row_tile = static_cast<int>(cta % P.row_tiles);
+  cta /= P.row_tiles;
+  const int64_t head = cta % P.h;
+  cta /= P.h;
+  const int64_t m = cta % P.n, batch = cta / P.n;
+  const int64_t first = m * P.c, len = min(P.c, P.t - first), bh = batch * P.h + head;
+  const float A = P.g.chunk_total(bh, P.n, m);
+
+  // This lane's 4 rows of phi (m tile mt, half hf: row g + 8 hf) and their key-row offsets.
+  int koff[2][2][4];
+  float coef[2][2];
+  int64_t rows[2][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int64_t r = int64_t(row_tile) * kRows + warp * 32 + mt * 16 + hf * 8 + g;
+      rows[mt][hf] = r;
+      phi_entry e{};
+      if (r < P.D) e = P.table[r];
+      coef[mt][hf] = r < P.D ? e.coef : 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) koff[mt][hf][k] = (r < P.D && k < P.p ? e.idx[k] : d) * kTokPad;
+    }
+
+  for (int i = tid; i < kTokPad; i += kThreads) {  // the zero row of both key buffers
+    kT[0][d * kTokPad + i] = from_f32<T>(0.f);
+    kT[1][d * kTokPad + i] = from_f32<T>(0.f);
+  }
+
+  // Global -> register staging of one K step: keys and gated values as 16-byte vectors.
+  const int kvec = kTok * d / 8, vvec = kTok * E / 8;
+  constexpr int kMaxKV = kTok * kMaxD / 8 / kThreads, kMaxVV = (kTok * E / 8 + kThreads - 1) / kThreads;
+  uint4 kreg[kMaxKV], vreg[kMaxVV];
+  float wreg[kMaxVV];
+  float zreg = 0.f;
+  const T* kbase = static_cast<const T*>(P.k) + batch * P.k_sb + head * P.k_sh;
+  const T* vbase = static_cast<const T*>(P.v) + batch * P.v_sb + head * P.v_sh;
+  auto gate = [&](int64_t s) { return s < len ? (P.g.Gc ? __expf(A - P.g.Gc[bh * P.t + first + s]) : 1.f) : 0.f; };
+
+  auto load_step = [&](int64_t s0) {
+#pragma unroll
+    for (int i = 0; i < kMaxKV; ++i) {
+      const int vi = tid + i * kThreads;
+      if (vi < kvec) {
+        const int s = vi / (d / 8), c8 = vi % (d / 8);
+        kreg[i] = s0 + s < len ? *reinterpret_cast<const uint4*>(kbase + (first + s0 + s) * P.k_st + c8 * 8) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxVV; ++i) {
+      const int vi = tid + i * kThreads;
+      if (vi < vvec) {
+        const int s = vi / (E / 8), c8 = vi % (E / 8);
+        const bool in = s0 + s < len;
+        vreg[i] = in ? *reinterpret_cast<const uint4*>(vbase + (first + s0 + s) * P.v_st + c8 * 8) : make_uint4(0, 0, 0, 0);
+        wreg[i] = gate(s0 + s);
+      }
+    }
+    if (tid < kTok) zreg = gate(s0 + tid);
+  };
+  auto store_step = [&](int buf) {
+#pragma unroll
+    for (int i = 0; i < kMaxKV; ++i) {
+      const int vi = tid + i * kThreads;
+      if (vi < kvec) {
+        const int s = vi / (d / 8), c8 = vi % (d / 8);
+        const T* e = reinterpret_cast<const T*>(&kreg[i]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) kT[buf][(c8 * 8 + j) * kTokPad + s] = e[j];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxVV; ++i) {
+      const int vi = tid + i * kThreads;
+      if (vi < vvec) {
+        const int s = vi / (E / 8), c8 = vi % (E / 8);
+        const T* e = reinterpret_cast<const T*>(&vreg[i]);
+        uint4 out;
+        T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = from_f32<T>(to_f32(e[j]) * wreg[i]);
+        *reinterpret_cast<uint4*>(&vs[buf][s * kVS + c8 * 8]) = out;
+      }
+    }
+    if (tid < kTok) {
+      uint4 zr = make_uint4(0, 0, 0, 0);
+      reinterpret_cast<T*>(&zr)[0] = from_f32<T>(zreg);
+      *reinterpret_cast<uint4*>(&vs[buf][tid * kVS + E]) = zr;
+    }
+  };
+
+  float acc[2][kNT + 1][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt <= kNT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+
+  const bool want_z = P.z != nullptr;
+  const int64_t steps = (len + kTok - 1) / kTok;
+  load_step(0);
+  store_step(0);
+  __syncthreads();
+  for (int64_t step = 0; step < steps; ++step) {
+    const int buf = static_cast<int>(step & 1);
+    if (step + 1 < steps) load_step((step + 1) * kTok);
+    const T* kb = kT[buf];
+    const T* vb = vs[buf];
+#pragma unroll
+    for (int ks = 0; ks < kTok / 16; ++ks) {
+      // A fragments: phi of this lane's rows at tokens (2tq, 2tq+1) and (2tq+8, 2tq+9).
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int hf = q & 1, s = ks * 16 + 2 * tq + (q >> 1) * 8;
+          uint32_t prod = *reinterpret_cast<const uint32_t*>(kb + koff[mt][hf][0] + s);
+#pragma unroll
+          for (int k = 1; k < 4; ++k)
+            if (k < P.p) prod = mul2<T>(prod, *reinterpret_cast<const uint32_t*>(kb + koff[mt][hf][k] + s));
+          a[mt][q] = prod;
+        }
+      // B fragments two n-tiles at a time, straight into the MMAs.
+      const int brow = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vb + brow * kVS + np * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma_16816<T>(acc[mt][2 * np], a[mt], b);
+          mma_16816<T>(acc[mt][2 * np + 1], a[mt], b + 2);
+        }
+      }
+      if (want_z) {
+        uint32_t b[2];
+        ldmatrix_x2_trans(b, vb + brow * kVS + E);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) mma_16816<T>(acc[mt][kNT], a[mt], b);
+      }
+    }
+    if (step + 1 < steps) store_step(buf ^ 1);
+    __syncthreads();
+  }
+
+  // Epilogue: rows times their coefficient, f32 out.
+  float* Sbase = P.S + batch * P.S_sb + m * P.S_sn + head * P.S_sh;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int64_t r = rows[mt][hf];
+      if (r >= P.D) continue;
+      const float cf = coef[mt][hf];
+      float* out = Sbase + r * P.S_sD;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        *reinterpret_cast<float2*>(out + nt * 8 + 2 * tq) =
+            make_float2(acc[mt][nt][2 * hf] * cf, acc[mt][nt][2 * hf + 1] * cf);
+      if (want_z && tq == 0)
+        P.z[batch * P.z_sb + m * P.z_sn + head * P.z_sh + r * P.z_sD] = acc[mt][kNT][2 * hf] * cf;
+    }
+}
+
+}  // namespace expanse_cuda

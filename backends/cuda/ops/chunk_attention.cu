@@ -1,0 +1,192 @@
+// chunk_attention: causal power attention inside each chunk, stabilized in log space (y, l, rowmax).
+// Implementations, best first: "flash" (tensor cores, f16/bf16, d and e in {32, 64, 128}),
+// "simple" (one warp per query row, any shape and dtype).
+#include "kernels/portable/flash_chunk_attention.cuh"
+#include "ops/op_common.hpp"
+#include "ops/state_ops.hpp"
+
+namespace expanse_cuda {
+namespace {
+
+constexpr int kColsPerLane = 8;
+
+template <class T>
+__global__ void simple_chunk_attention_kernel(attention_inputs in, gates g, expanse_problem pb) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = pb.b * pb.t * pb.hq;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x / 32;
+  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < warps; w += stride) {
+    const int64_t qh = w % pb.hq, i = (w / pb.hq) % pb.t, batch = w / (pb.hq * pb.t);
+    const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv;
+    const int64_t first = (i / pb.c) * pb.c;
+    const float Gi = g.cum(bh, pb.t, i);
+    const int64_t qoff = off4(in.q, batch, i, qh, 0);
+    for (int64_t col0 = 0; col0 < pb.e; col0 += 32 * kColsPerLane) {
+      float acc[kColsPerLane];
+      for (int j = 0; j < kColsPerLane; ++j) acc[j] = 0.f;
+      float mx = -INFINITY, lsum = 0.f;
+      for (int64_t j = first; j <= i; ++j) {
+        const int64_t koff = off4(in.k, batch, j, kv, 0);
+        float part = 0.f;
+        for (int64_t dim = lane; dim < pb.d; dim += 32)
+          part += load<T>(in.q, qoff + dim * in.q.strides[3]) * load<T>(in.k, koff + dim * in.k.strides[3]);
+        for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+        const float dot = part * static_cast<float>(pb.scale);
+        if (dot == 0.f) continue;
+        const float s = pb.p * logf(fabsf(dot)) + (Gi - g.cum(bh, pb.t, j));
+        if (s > mx) {
+          const float alpha = expf(mx - s);  // 0 when mx = -inf
+          for (int c = 0; c < kColsPerLane; ++c) acc[c] *= alpha;
+          lsum *= alpha;
+          mx = s;
+        }
+        float wgt = expf(s - mx);
+        if ((pb.p & 1) && dot < 0.f) wgt = -wgt;
+        lsum += wgt;
+        const int64_t voff = off4(in.v, batch, j, kv, 0);
+#pragma unroll
+        for (int c = 0; c < kColsPerLane; ++c) {
+          const int64_t col = col0 + lane + 32 * c;
+          if (col < pb.e) acc[c] += wgt * load<T>(in.v, voff + col * in.v.strides[3]);
+        }
+      }
+      const bool empty = mx == -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kColsPerLane; ++c) {
+        const int64_t col = col0 + lane + 32 * c;
+        if (col < pb.e) *ptrf(in.y, off4(in.y, batch, i, qh, col)) = empty ? 0.f : acc[c];
+      }
+      if (col0 == 0 && lane == 0) {
+        if (in.l.data) *ptrf(in.l, off3(in.l, batch, i, qh)) = empty ? 0.f : lsum;
+        if (in.rowmax.data) *ptrf(in.rowmax, off3(in.rowmax, batch, i, qh)) = empty ? 0.f : mx;
+      }
+    }
+  }
+}
+
+attention_inputs inputs_of(const expanse_chunk_attention_args& a) {
+  attention_inputs in{};
+  in.q = *a.q; in.k = *a.k; in.v = *a.v; in.y = *a.y;
+  if (a.l) in.l = *a.l;
+  if (a.rowmax) in.rowmax = *a.rowmax;
+  return in;
+}
+
+std::string f32_declines(const expanse_chunk_attention_args& a) {
+  if (!is_f32(a.log_g) || !is_f32(a.y) || !is_f32(a.l) || !is_f32(a.rowmax)) return "log_g, y, l and rowmax must be f32";
+  return {};
+}
+
+std::string simple_declines(const expanse_op& op, const device_props&) {
+  std::string why = common_declines(op);
+  if (why.empty()) why = f32_declines(*static_cast<const expanse_chunk_attention_args*>(op.args));
+  return why;
+}
+
+void simple_run(const expanse_op& op, launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = *static_cast<const expanse_chunk_attention_args*>(op.args);
+  const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
+  if (lc.ws.sizing()) return;
+  launch_simple_chunk_attention(inputs_of(a), g, pb, lc.stream);
+}
+
+std::string flash_declines(const expanse_op& op, const device_props& props) {
+  const auto& a = *static_cast<const expanse_chunk_attention_args*>(op.args);
+  std::string why = common_declines(op);
+  if (why.empty()) why = f32_declines(a);
+  if (why.empty()) why = flash_chunk_attention_declines(*op.problem, inputs_of(a), props);
+  return why;
+}
+
+void flash_run(const expanse_op& op, launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = *static_cast<const expanse_chunk_attention_args*>(op.args);
+  const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
+  if (lc.ws.sizing()) return;
+  launch_flash_chunk_attention(inputs_of(a), g, pb, lc);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool head_dim_ok(int64_t x) { return x == 32 || x == 64 || x == 128; }
+
+}  // namespace
+
+void launch_simple_chunk_attention(const attention_inputs& in, const gates& g, const expanse_problem& pb,
+                                   cudaStream_t stream) {
+  const int64_t threads = pb.b * pb.t * pb.hq * 32;
+  if (threads == 0) return;
+  with_input_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    simple_chunk_attention_kernel<T><<<grid_for(threads, 256), 256, 0, stream>>>(in, g, pb);
+  });
+  check_launch("simple chunk_attention");
+}
+
+std::string flash_chunk_attention_declines(const expanse_problem& pb, const attention_inputs& in,
+                                           const device_props& props) {
+  if (props.cc_major < 8) return "needs compute capability 8.0 or newer";
+  if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
+  if (!head_dim_ok(pb.d) || !head_dim_ok(pb.e)) return "d and e must be 32, 64 or 128";
+  if (in.q.strides[3] != 1 || in.k.strides[3] != 1 || in.v.strides[3] != 1) return "q, k and v need a contiguous last dim";
+  for (int i = 0; i < 3; ++i)
+    if (in.q.strides[i] % 8 || in.k.strides[i] % 8 || in.v.strides[i] % 8) return "q, k and v need strides that are multiples of 8";
+  if (!aligned16(in.q.data) || !aligned16(in.k.data) || !aligned16(in.v.data)) return "q, k and v need 16-byte aligned data";
+  return {};
+}
+
+void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, const expanse_problem& pb,
+                                  launch_context& lc) {
+  using namespace flash_cfg;
+  flash_params P{};
+  P.q = in.q.data; P.k = in.k.data; P.v = in.v.data;
+  P.q_sb = in.q.strides[0]; P.q_st = in.q.strides[1]; P.q_sh = in.q.strides[2];
+  P.k_sb = in.k.strides[0]; P.k_st = in.k.strides[1]; P.k_sh = in.k.strides[2];
+  P.v_sb = in.v.strides[0]; P.v_st = in.v.strides[1]; P.v_sh = in.v.strides[2];
+  P.y = static_cast<float*>(in.y.data);
+  P.y_sb = in.y.strides[0]; P.y_st = in.y.strides[1]; P.y_sh = in.y.strides[2]; P.y_se = in.y.strides[3];
+  if (in.l.data) {
+    P.l = static_cast<float*>(in.l.data);
+    P.l_sb = in.l.strides[0]; P.l_st = in.l.strides[1]; P.l_sh = in.l.strides[2];
+  }
+  if (in.rowmax.data) {
+    P.rowmax = static_cast<float*>(in.rowmax.data);
+    P.r_sb = in.rowmax.strides[0]; P.r_st = in.rowmax.strides[1]; P.r_sh = in.rowmax.strides[2];
+  }
+  P.g = g;
+  P.t = pb.t; P.c = pb.c; P.n = pb.n; P.h = pb.h; P.hq = pb.hq; P.p = pb.p;
+  P.scale = static_cast<float>(pb.scale);
+  P.q_tiles = static_cast<int>((std::min(pb.c, pb.t) + kRows - 1) / kRows);
+  const int64_t ctas = int64_t(P.q_tiles) * pb.n * pb.hq * pb.b;
+  if (ctas == 0) return;
+  auto go = [&](auto type_tag, auto d_tag, auto e_tag) {
+    using T = decltype(type_tag);
+    constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
+    constexpr size_t smem = flash_smem<T, DH, E>();
+    auto kernel = flash_chunk_attention_kernel<T, DH, E>;
+    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    kernel<<<static_cast<unsigned>(ctas), kThreads, smem, lc.stream>>>(P);
+  };
+  auto with_e = [&](auto type_tag, auto d_tag) {
+    if (pb.e == 32) go(type_tag, d_tag, std::integral_constant<int, 32>{});
+    else if (pb.e == 64) go(type_tag, d_tag, std::integral_constant<int, 64>{});
+    else go(type_tag, d_tag, std::integral_constant<int, 128>{});
+  };
+  with_input_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same<T, float>::value) {
+      if (pb.d == 32) with_e(T{}, std::integral_constant<int, 32>{});
+      else if (pb.d == 64) with_e(T{}, std::integral_constant<int, 64>{});
+      else with_e(T{}, std::integral_constant<int, 128>{});
+    }
+  });
+  check_launch("flash chunk_attention");
+}
+
+const std::vector<implementation>& chunk_attention_impls() {
+  static const std::vector<implementation> list = {{"flash", flash_declines, flash_run},
+                                                   {"simple", simple_declines, simple_run}};
+  return list;
+}
+
+}  // namespace expanse_cuda

@@ -1,0 +1,42 @@
+// Host-side helpers shared by the operations of the CUDA backend (ops/*.cu).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "dispatch.hpp"
+#include "kernels/common.cuh"
+
+namespace expanse_cuda {
+
+// Calls f with a value of the C++ type of an input dtype (f32, f16 or bf16).
+template <class F>
+void with_input_type(int32_t dtype, F&& f) {
+  switch (dtype) {
+    case EXPANSE_F32: f(float{}); break;
+    case EXPANSE_F16: f(__half{}); break;
+    case EXPANSE_BF16: f(__nv_bfloat16{}); break;
+    default: throw std::runtime_error("unsupported input dtype");
+  }
+}
+
+// The reasons every implementation of this backend shares: no f64 (that is the reference's oracle
+// mode), f32 states and gates, indices of phi that fit the table.
+std::string common_declines(const expanse_op& op);
+inline bool is_f32(const expanse_tensor* t) { return t == nullptr || t->dtype == EXPANSE_F32; }
+
+// The phi table of the problem's p, d and layout, built in the workspace (ops/phi_table.cu).
+const phi_entry* make_phi_table(const expanse_problem& pb, launch_context& lc);
+
+// Gate prefix sums per chunk of size c (c = t: one chunk) of a [b,t,h] log_g, in the workspace
+// (ops/chunk_gates.cu). Returns empty gates when log_g is null.
+gates make_gates(const expanse_tensor* log_g, int64_t b, int64_t t, int64_t h, int64_t c, launch_context& lc);
+
+inline int64_t chunk_count(int64_t t, int64_t c) { return (t + c - 1) / c; }
+
+// A contiguous f32 tensor view over workspace memory.
+expanse_tensor f32_view(float* data, std::initializer_list<int64_t> shape, int32_t device);
+
+}  // namespace expanse_cuda

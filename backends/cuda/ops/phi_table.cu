@@ -1,0 +1,114 @@
+// The feature-map table: for every row r of phi its coefficient and the p indices of x it
+// multiplies, in the layout asked for (SPEC.md "The feature map phi"). Each thread unranks one row
+// directly, so the table builds in one short kernel for any D.
+#include "ops/op_common.hpp"
+
+namespace expanse_cuda {
+namespace {
+
+// C(n, k) for small k; every partial product is an integer.
+__device__ int64_t binomial(int64_t n, int k) {
+  int64_t r = 1;
+  for (int i = 1; i <= k; ++i) r = r * (n - k + i) / i;
+  return r;
+}
+
+// The r-th non-decreasing multi-index of length p with values in [0, n), lexicographic order.
+__device__ void unrank_nondecreasing(int64_t r, int p, int64_t n, int64_t* out) {
+  int64_t lo = 0;
+  for (int k = 0; k < p; ++k) {
+    const int left = p - k - 1;  // positions after this one
+    for (int64_t v = lo; v < n; ++v) {
+      const int64_t count = binomial(n - v + left - 1, left);  // sequences starting with v
+      if (r < count) { out[k] = v; lo = v; break; }
+      r -= count;
+    }
+  }
+}
+
+// sqrt(p! / prod hist!) of a sorted multi-index.
+__device__ float multinomial_sqrt(const int64_t* idx, int p) {
+  double num = 1, den = 1;
+  for (int i = 2; i <= p; ++i) num *= i;
+  int run = 1;
+  for (int f = 1; f <= p; ++f) {
+    if (f < p && idx[f] == idx[f - 1]) {
+      ++run;
+    } else {
+      for (int i = 2; i <= run; ++i) den *= i;
+      run = 1;
+    }
+  }
+  return static_cast<float>(sqrt(num / den));
+}
+
+__global__ void build_phi_table(phi_entry* table, int64_t D, int p, int64_t d, int kind, int64_t d_tile) {
+  EXPANSE_GRID_LOOP(r, D) {
+    int64_t idx[kMaxDegree] = {0, 0, 0, 0, 0, 0};
+    float coef = 1.f;
+    if (kind == EXPANSE_LAYOUT_SYMPOW) {
+      unrank_nondecreasing(r, p, d, idx);
+      coef = multinomial_sqrt(idx, p);
+    } else if (kind == EXPANSE_LAYOUT_TILED) {
+      int64_t block_size = 1;
+      for (int k = 0; k < p; ++k) block_size *= d_tile;
+      int64_t tiles[kMaxDegree] = {0, 0, 0, 0, 0, 0};
+      unrank_nondecreasing(r / block_size, p, d / d_tile, tiles);
+      coef = multinomial_sqrt(tiles, p);
+      int64_t local = r % block_size;  // row-major over the local indices, the last fastest
+      for (int k = p - 1; k >= 0; --k) {
+        idx[k] = tiles[k] * d_tile + local % d_tile;
+        local /= d_tile;
+      }
+    } else {  // tensor: all d^p products, row-major
+      int64_t rest = r;
+      for (int k = p - 1; k >= 0; --k) {
+        idx[k] = rest % d;
+        rest /= d;
+      }
+    }
+    phi_entry e;
+    e.coef = coef;
+    for (int k = 0; k < kMaxDegree; ++k) e.idx[k] = static_cast<uint16_t>(idx[k]);
+    table[r] = e;
+  }
+}
+
+}  // namespace
+
+const phi_entry* make_phi_table(const expanse_problem& pb, launch_context& lc) {
+  phi_entry* table = lc.ws.take<phi_entry>(static_cast<size_t>(pb.D));
+  if (lc.ws.sizing()) return table;
+  build_phi_table<<<grid_for(pb.D, 256), 256, 0, lc.stream>>>(table, pb.D, pb.p, pb.d, pb.layout.kind,
+                                                               pb.layout.d_tile);
+  check_launch("build_phi_table");
+  return table;
+}
+
+std::string common_declines(const expanse_op& op) {
+  const expanse_problem& pb = *op.problem;
+  if (pb.input_dtype == EXPANSE_F64 || pb.output_dtype == EXPANSE_F64 || pb.state_dtype == EXPANSE_F64)
+    return "f64 tensors are not supported (f64 is the reference backend's oracle mode)";
+  if (pb.d > 65535) return "d must be at most 65535";
+  if (pb.p > kMaxDegree) return "p must be at most 6";
+  return {};
+}
+
+expanse_tensor f32_view(float* data, std::initializer_list<int64_t> shape, int32_t device) {
+  expanse_tensor t{};
+  t.data = data;
+  t.dtype = EXPANSE_F32;
+  t.device_type = EXPANSE_DEVICE_CUDA;
+  t.device_id = device;
+  t.ndim = static_cast<int32_t>(shape.size());
+  int i = 0;
+  for (int64_t s : shape) t.shape[i++] = s;
+  int64_t stride = 1;
+  for (int k = t.ndim - 1; k >= 0; --k) {
+    t.strides[k] = stride;
+    stride *= t.shape[k];
+  }
+  return t;
+}
+
+}  // namespace expanse_cuda

@@ -1,0 +1,202 @@
+// query_state: o_i = phi(scale q_i)^T S_m exp(Gc_i) [+ intra] [/ (... z ... + intra den)].
+// Implementations, best first: "mma" (expand-MMA on tensor cores, f16/bf16), "simple" (one warp
+// per query token and head, any shape and dtype).
+#include <cmath>
+
+#include "kernels/portable/mma_query_state.cuh"
+#include "ops/op_common.hpp"
+#include "ops/state_ops.hpp"
+
+namespace expanse_cuda {
+namespace {
+
+constexpr int kColsPerLane = 8;  // a warp covers 256 output columns per pass
+
+template <class T>
+__global__ void simple_query_state_kernel(query_inputs in, gates g, const phi_entry* table, expanse_problem pb,
+                                          int normalize, float scale_p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = pb.b * pb.t * pb.hq;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x / 32;
+  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < warps; w += stride) {
+    const int64_t qh = w % pb.hq, i = (w / pb.hq) % pb.t, batch = w / (pb.hq * pb.t);
+    const int64_t kv = qh / (pb.hq / pb.h), m = i / pb.c, bh = batch * pb.h + kv;
+    const float f = scale_p * (g.Gc ? expf(g.cum(bh, pb.t, i)) : 1.f);
+    const bool intra = in.y.data != nullptr;
+    float rm = 0.f, lv = 0.f;
+    if (intra) {
+      rm = loadf(in.rowmax, off3(in.rowmax, batch, i, qh));
+      if (in.l.data) lv = loadf(in.l, off3(in.l, batch, i, qh));
+    }
+    const int64_t qoff = off4(in.q, batch, i, qh, 0);
+    auto qv = [&](int j) { return load<T>(in.q, qoff + j * in.q.strides[3]); };
+    for (int64_t col0 = 0; col0 < pb.e; col0 += 32 * kColsPerLane) {
+      float acc[kColsPerLane];
+      for (int j = 0; j < kColsPerLane; ++j) acc[j] = 0.f;
+      float den = 0.f;
+      if (in.S.data) {
+        for (int64_t r = 0; r < pb.D; ++r) {
+          const float ph = phi_value(table[r], pb.p, qv);
+          const int64_t so = off5(in.S, batch, m, kv, r, 0);
+#pragma unroll
+          for (int j = 0; j < kColsPerLane; ++j) {
+            const int64_t col = col0 + lane + 32 * j;
+            if (col < pb.e) acc[j] += ph * loadf(in.S, so + col * in.S.strides[4]);
+          }
+          if (normalize) den += ph * loadf(in.z, off4(in.z, batch, m, kv, r));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kColsPerLane; ++j) {
+        const int64_t col = col0 + lane + 32 * j;
+        if (col >= pb.e) continue;
+        const float yv = intra ? loadf(in.y, off4(in.y, batch, i, qh, col)) : 0.f;
+        const float o = combine_output(acc[j] * f, den * f, intra, yv, lv, rm, normalize != 0);
+        static_cast<T*>(in.o.data)[off4(in.o, batch, i, qh, col)] = from_f32<T>(o);
+      }
+    }
+  }
+}
+
+float scale_power(const expanse_problem& pb) { return static_cast<float>(std::pow(pb.scale, pb.p)); }
+
+query_inputs inputs_of(const expanse_query_state_args& a) {
+  query_inputs in{};
+  in.q = *a.q;
+  in.S = *a.S;
+  if (a.z) in.z = *a.z;
+  if (a.y) {
+    in.y = *a.y;
+    in.rowmax = *a.rowmax;
+    if (a.l) in.l = *a.l;
+  }
+  in.o = *a.o;
+  return in;
+}
+
+std::string f32_declines(const expanse_query_state_args& a) {
+  if (!is_f32(a.S) || !is_f32(a.z) || !is_f32(a.log_g) || !is_f32(a.y) || !is_f32(a.l) || !is_f32(a.rowmax))
+    return "S, z, log_g, y, l and rowmax must be f32";
+  return {};
+}
+
+std::string simple_declines(const expanse_op& op, const device_props&) {
+  std::string why = common_declines(op);
+  if (why.empty()) why = f32_declines(*static_cast<const expanse_query_state_args*>(op.args));
+  return why;
+}
+
+void simple_run(const expanse_op& op, launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = *static_cast<const expanse_query_state_args*>(op.args);
+  const phi_entry* table = make_phi_table(pb, lc);
+  const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
+  if (lc.ws.sizing()) return;
+  launch_simple_query_state(inputs_of(a), g, table, pb, pb.normalize != 0, lc.stream);
+}
+
+std::string mma_declines(const expanse_op& op, const device_props& props) {
+  const auto& a = *static_cast<const expanse_query_state_args*>(op.args);
+  std::string why = common_declines(op);
+  if (why.empty()) why = f32_declines(a);
+  if (why.empty()) why = mma_query_state_declines(*op.problem, inputs_of(a), props);
+  return why;
+}
+
+void mma_run(const expanse_op& op, launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = *static_cast<const expanse_query_state_args*>(op.args);
+  const phi_entry* table = make_phi_table(pb, lc);
+  const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
+  if (lc.ws.sizing()) return;
+  launch_mma_query_state(inputs_of(a), g, table, pb, pb.normalize != 0, lc);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void launch_simple_query_state(const query_inputs& in, const gates& g, const phi_entry* table,
+                               const expanse_problem& pb, bool normalize, cudaStream_t stream) {
+  const int64_t threads = pb.b * pb.t * pb.hq * 32;
+  if (threads == 0) return;
+  with_input_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    simple_query_state_kernel<T><<<grid_for(threads, 256), 256, 0, stream>>>(in, g, table, pb, normalize ? 1 : 0,
+                                                                              scale_power(pb));
+  });
+  check_launch("simple query_state");
+}
+
+std::string mma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props) {
+  if (props.cc_major < 8) return "needs compute capability 8.0 or newer";
+  if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
+  if (pb.p > 4) return "p must be at most 4";
+  if (pb.e != 32 && pb.e != 64 && pb.e != 128) return "e must be 32, 64 or 128";
+  if (pb.d % 8 != 0 || pb.d > mma_query_state_cfg::kMaxD) return "d must be a multiple of 8, at most 256";
+  if (in.S.data == nullptr) return "needs a state";
+  if (in.q.strides[3] != 1 || in.S.strides[4] != 1) return "q and S need a contiguous last dim";
+  for (int i = 0; i < 3; ++i)
+    if (in.q.strides[i] % 8 != 0) return "q needs strides that are multiples of 8";
+  for (int i = 0; i < 4; ++i)
+    if (in.S.strides[i] % 4 != 0) return "S needs strides that are multiples of 4";
+  if (!aligned16(in.q.data) || !aligned16(in.S.data)) return "q and S need 16-byte aligned data";
+  return {};
+}
+
+void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_entry* table, const expanse_problem& pb,
+                            bool normalize, launch_context& lc) {
+  using namespace mma_query_state_cfg;
+  mma_query_state_params P{};
+  P.q = in.q.data;
+  P.q_sb = in.q.strides[0]; P.q_st = in.q.strides[1]; P.q_sh = in.q.strides[2];
+  P.S = static_cast<const float*>(in.S.data);
+  P.S_sb = in.S.strides[0]; P.S_sn = in.S.strides[1]; P.S_sh = in.S.strides[2]; P.S_sD = in.S.strides[3];
+  if (normalize) {
+    P.z = static_cast<const float*>(in.z.data);
+    P.z_sb = in.z.strides[0]; P.z_sn = in.z.strides[1]; P.z_sh = in.z.strides[2]; P.z_sD = in.z.strides[3];
+  }
+  if (in.y.data) {
+    P.y = static_cast<const float*>(in.y.data);
+    P.y_sb = in.y.strides[0]; P.y_st = in.y.strides[1]; P.y_sh = in.y.strides[2]; P.y_se = in.y.strides[3];
+    P.rowmax = static_cast<const float*>(in.rowmax.data);
+    P.r_sb = in.rowmax.strides[0]; P.r_st = in.rowmax.strides[1]; P.r_sh = in.rowmax.strides[2];
+    if (in.l.data) {
+      P.l = static_cast<const float*>(in.l.data);
+      P.l_sb = in.l.strides[0]; P.l_st = in.l.strides[1]; P.l_sh = in.l.strides[2];
+    }
+  }
+  P.o = in.o.data;
+  P.o_sb = in.o.strides[0]; P.o_st = in.o.strides[1]; P.o_sh = in.o.strides[2]; P.o_se = in.o.strides[3];
+  P.g = g; P.table = table;
+  P.t = pb.t; P.c = pb.c; P.n = pb.n; P.h = pb.h; P.hq = pb.hq; P.D = pb.D;
+  P.d = static_cast<int>(pb.d); P.p = pb.p; P.normalize = normalize ? 1 : 0;
+  P.tok_tiles = static_cast<int>((pb.c + kTokens - 1) / kTokens);
+  P.scale_p = scale_power(pb);
+  const int64_t ctas = int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
+  if (ctas == 0) return;
+  auto go = [&](auto type_tag, auto e_tag) {
+    using T = decltype(type_tag);
+    constexpr int E = decltype(e_tag)::value;
+    const size_t smem = mma_query_state_smem<T, E>(P.d);
+    auto kernel = mma_query_state_kernel<T, E>;
+    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    kernel<<<static_cast<unsigned>(ctas), kThreads, smem, lc.stream>>>(P);
+  };
+  with_input_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same<T, float>::value) {
+      if (pb.e == 32) go(T{}, std::integral_constant<int, 32>{});
+      else if (pb.e == 64) go(T{}, std::integral_constant<int, 64>{});
+      else go(T{}, std::integral_constant<int, 128>{});
+    }
+  });
+  check_launch("mma query_state");
+}
+
+const std::vector<implementation>& query_state_impls() {
+  static const std::vector<implementation> list = {{"mma", mma_declines, mma_run}, {"simple", simple_declines, simple_run}};
+  return list;
+}
+
+}  // namespace expanse_cuda

@@ -1,0 +1,51 @@
+// Launchers of the state kernels, shared by the public operations and by power_attention, which
+// composes them on workspace tensors.
+#pragma once
+
+#include <string>
+
+#include "dispatch.hpp"
+#include "kernels/common.cuh"
+
+namespace expanse_cuda {
+
+// update_state (ops/update_state.cu). z may be a tensor with null data (no z).
+void launch_simple_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
+                                const phi_entry* table, const expanse_problem& pb, const expanse_tensor& S,
+                                const expanse_tensor& z, cudaStream_t stream);
+std::string mma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
+                                      const expanse_tensor& S, const expanse_tensor* z, const device_props& props);
+void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
+                             const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
+                             launch_context& lc);
+
+// discumsum (ops/discumsum.cu): for m < n, Y_m (the state entering m) is written to Y's slot m and
+// Y_n to `final` (when its data is non-null). X and Y may be the same memory (in place). A is read
+// as A[b, m, h] through its strides. init has X's rank with a size-1 chunk axis (data null: 0).
+void launch_discumsum(const expanse_tensor& X, const expanse_tensor& A, const expanse_tensor& init,
+                      const expanse_tensor& Y, const expanse_tensor& final_state, int64_t n, int32_t input_dtype,
+                      cudaStream_t stream);
+
+// query_state (ops/query_state.cu). S/z with null data: no inter-chunk term. y/l/rowmax with null
+// data: no intra-chunk term.
+struct query_inputs {
+  expanse_tensor q, S, z, y, l, rowmax, o;
+};
+void launch_simple_query_state(const query_inputs& in, const gates& g, const phi_entry* table,
+                               const expanse_problem& pb, bool normalize, cudaStream_t stream);
+std::string mma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
+void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_entry* table, const expanse_problem& pb,
+                            bool normalize, launch_context& lc);
+
+// chunk_attention (ops/chunk_attention.cu).
+struct attention_inputs {
+  expanse_tensor q, k, v, y, l, rowmax;
+};
+void launch_simple_chunk_attention(const attention_inputs& in, const gates& g, const expanse_problem& pb,
+                                   cudaStream_t stream);
+std::string flash_chunk_attention_declines(const expanse_problem& pb, const attention_inputs& in,
+                                           const device_props& props);
+void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, const expanse_problem& pb,
+                                  launch_context& lc);
+
+}  // namespace expanse_cuda

@@ -1,0 +1,143 @@
+// update_state: chunk states S_m = sum_j exp(A_m - Gc_j) phi(k_j) v_j^T and z_m likewise.
+// Implementations, best first: "mma" (expand-MMA on tensor cores, f16/bf16), "simple" (any
+// shape and dtype, one thread per state entry).
+#include "kernels/portable/mma_update_state.cuh"
+#include "ops/op_common.hpp"
+#include "ops/state_ops.hpp"
+
+namespace expanse_cuda {
+namespace {
+
+template <class T>
+__global__ void simple_update_state_kernel(expanse_tensor k, expanse_tensor v, gates g, const phi_entry* table,
+                                           expanse_problem pb, expanse_tensor S, expanse_tensor z) {
+  const int64_t cols = pb.e + 1;  // column e is z
+  EXPANSE_GRID_LOOP(i, pb.b * pb.n * pb.h * pb.D * cols) {
+    const int64_t col = i % cols;
+    int64_t rest = i / cols;
+    const int64_t r = rest % pb.D;
+    rest /= pb.D;
+    const int64_t head = rest % pb.h;
+    rest /= pb.h;
+    const int64_t m = rest % pb.n, batch = rest / pb.n;
+    if (col == pb.e && z.data == nullptr) continue;
+    const int64_t first = m * pb.c, len = min(pb.c, pb.t - first), bh = batch * pb.h + head;
+    const float A = g.chunk_total(bh, pb.n, m);
+    const phi_entry row = table[r];
+    float acc = 0.f;
+    for (int64_t s = 0; s < len; ++s) {
+      const int64_t tok = first + s;
+      const float w = g.Gc ? expf(A - g.cum(bh, pb.t, tok)) : 1.f;
+      const float ph = phi_value(row, pb.p, [&](int j) { return load<T>(k, off4(k, batch, tok, head, j)); });
+      const float val = col < pb.e ? load<T>(v, off4(v, batch, tok, head, col)) : 1.f;
+      acc += w * ph * val;
+    }
+    if (col < pb.e) *ptrf(S, off5(S, batch, m, head, r, col)) = acc;
+    else *ptrf(z, off4(z, batch, m, head, r)) = acc;
+  }
+}
+
+std::string simple_declines(const expanse_op& op, const device_props&) { return common_declines(op); }
+
+void simple_run(const expanse_op& op, launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = *static_cast<const expanse_update_state_args*>(op.args);
+  const phi_entry* table = make_phi_table(pb, lc);
+  const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
+  if (lc.ws.sizing()) return;
+  expanse_tensor none{};
+  launch_simple_update_state(*a.k, *a.v, g, table, pb, *a.S, a.z ? *a.z : none, lc.stream);
+}
+
+std::string mma_declines(const expanse_op& op, const device_props& props) {
+  const auto& a = *static_cast<const expanse_update_state_args*>(op.args);
+  std::string why = common_declines(op);
+  if (why.empty()) why = mma_update_state_declines(*op.problem, *a.k, *a.v, *a.S, a.z, props);
+  return why;
+}
+
+void mma_run(const expanse_op& op, launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = *static_cast<const expanse_update_state_args*>(op.args);
+  const phi_entry* table = make_phi_table(pb, lc);
+  const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
+  if (lc.ws.sizing()) return;
+  launch_mma_update_state(*a.k, *a.v, g, table, pb, *a.S, a.z, lc);
+}
+
+}  // namespace
+
+void launch_simple_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
+                                const phi_entry* table, const expanse_problem& pb, const expanse_tensor& S,
+                                const expanse_tensor& z, cudaStream_t stream) {
+  const int64_t work = pb.b * pb.n * pb.h * pb.D * (pb.e + 1);
+  if (work == 0) return;
+  with_input_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    simple_update_state_kernel<T><<<grid_for(work, 256), 256, 0, stream>>>(k, v, g, table, pb, S, z);
+  });
+  check_launch("simple update_state");
+}
+
+static bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+std::string mma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
+                                      const expanse_tensor& S, const expanse_tensor* z, const device_props& props) {
+  if (props.cc_major < 8) return "needs compute capability 8.0 or newer";
+  if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
+  if (pb.p > 4) return "p must be at most 4";
+  if (pb.e != 32 && pb.e != 64 && pb.e != 128) return "e must be 32, 64 or 128";
+  if (pb.d % 8 != 0 || pb.d > mma_update_state_cfg::kMaxD) return "d must be a multiple of 8, at most 256";
+  if (k.strides[3] != 1 || v.strides[3] != 1 || S.strides[4] != 1) return "k, v and S need a contiguous last dim";
+  for (int i = 0; i < 3; ++i)
+    if (k.strides[i] % 8 != 0 || v.strides[i] % 8 != 0) return "k and v need strides that are multiples of 8";
+  if (S.strides[3] % 2 != 0 || !aligned16(k.data) || !aligned16(v.data) || reinterpret_cast<uintptr_t>(S.data) % 8 != 0)
+    return "k and v need 16-byte aligned data, S 8-byte aligned rows";
+  (void)z;
+  return {};
+}
+
+void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
+                             const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
+                             launch_context& lc) {
+  using namespace mma_update_state_cfg;
+  mma_update_state_params P{};
+  P.k = k.data; P.v = v.data;
+  P.k_sb = k.strides[0]; P.k_st = k.strides[1]; P.k_sh = k.strides[2];
+  P.v_sb = v.strides[0]; P.v_st = v.strides[1]; P.v_sh = v.strides[2];
+  P.g = g; P.table = table;
+  P.S = static_cast<float*>(S.data);
+  P.S_sb = S.strides[0]; P.S_sn = S.strides[1]; P.S_sh = S.strides[2]; P.S_sD = S.strides[3];
+  if (z != nullptr && z->data != nullptr) {
+    P.z = static_cast<float*>(z->data);
+    P.z_sb = z->strides[0]; P.z_sn = z->strides[1]; P.z_sh = z->strides[2]; P.z_sD = z->strides[3];
+  }
+  P.t = pb.t; P.c = pb.c; P.n = pb.n; P.h = pb.h; P.D = pb.D; P.d = static_cast<int>(pb.d); P.p = pb.p;
+  P.row_tiles = static_cast<int>((pb.D + kRows - 1) / kRows);
+  const int64_t ctas = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
+  if (ctas == 0) return;
+  auto go = [&](auto type_tag, auto e_tag) {
+    using T = decltype(type_tag);
+    constexpr int E = decltype(e_tag)::value;
+    const size_t smem = mma_update_state_smem<T, E>(P.d);
+    auto kernel = mma_update_state_kernel<T, E>;
+    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    kernel<<<static_cast<unsigned>(ctas), kThreads, smem, lc.stream>>>(P);
+  };
+  with_input_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same<T, float>::value) {
+      if (pb.e == 32) go(T{}, std::integral_constant<int, 32>{});
+      else if (pb.e == 64) go(T{}, std::integral_constant<int, 64>{});
+      else go(T{}, std::integral_constant<int, 128>{});
+    }
+  });
+  check_launch("mma update_state");
+}
+
+const std::vector<implementation>& update_state_impls() {
+  static const std::vector<implementation> list = {{"mma", mma_declines, mma_run}, {"simple", simple_declines, simple_run}};
+  return list;
+}
+
+}  // namespace expanse_cuda

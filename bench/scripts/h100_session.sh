@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU-host session: build with the CUDA backend (sm_90a), run the whole test suite, check every
+# operation on the cuda backend, run compute-sanitizer on a subset, and time the P1 benchmarks.
+# Usage: bench/scripts/h100_session.sh OUTDIR [stages...]; stages: build test check sanitize bench
+# (default: all). Logs and bench results land in OUTDIR.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?usage: h100_session.sh OUTDIR [stages...]}; shift
+stages=${*:-build test check sanitize bench}
+mkdir -p "$out"
+if [ -x .gpu-deps/unpack.sh ]; then eval "$(.gpu-deps/unpack.sh /tmp/expanse-deps)"; fi
+has() { [[ " $stages " == *" $1 "* ]]; }
+exe=build-gpu/bin/expanse
+if has build; then
+  nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+  { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DEXPANSE_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
+    cmake --build build-gpu -j 16; } > "$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+  $exe info > "$out/info.txt" 2>&1; cat "$out/info.txt"
+fi
+if has test; then
+  ctest --test-dir build-gpu --output-on-failure -j 4 > "$out/ctest.log" 2>&1; echo "ctest rc=$?"; tail -5 "$out/ctest.log"
+  build-gpu/tests/expanse_tests -tc="case table*" -s 2>&1 | grep -E "backend|FAIL|ERROR|rel. error|repro|error:" | head -60 > "$out/case_table_cuda.txt"
+  cat "$out/case_table_cuda.txt" | head -40
+fi
+if has check; then
+  $exe check --full --backend cuda > "$out/check_cuda.txt" 2>&1; echo "check rc=$?"; grep -E "FAIL|passed" "$out/check_cuda.txt" | head -40
+fi
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    for op in update_state query_state chunk_attention power_attention power_attention_step discumsum sympow_expand; do
+      compute-sanitizer --tool $tool --error-exitcode 9 $exe check $op --backend cuda > "$out/sanitize_${tool}_${op}.txt" 2>&1
+      echo "$tool $op rc=$? $(grep -E 'ERROR SUMMARY' "$out/sanitize_${tool}_${op}.txt" | tail -1)"
+    done
+  done
+fi
+if has bench; then
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  for op in power_attention; do
+    $exe bench $op --backend cuda --ts 4096,16384,65536 --chunk 1024 --reps 20 | tee "$out/bench_${op}.jsonl"
+  done
+  for op in update_state query_state chunk_attention discumsum; do
+    $exe bench $op --backend cuda --ts 4096,16384,65536 --chunk 1024 --reps 20 | tee "$out/bench_${op}.jsonl"
+  done
+  echo "commit $commit" > "$out/commit.txt"
+fi
