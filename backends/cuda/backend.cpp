@@ -102,7 +102,7 @@ expanse_status workspace_size(const expanse_op* op, size_t* bytes) {
     const implementation* impl = choose(*op, props, nullptr);
     *bytes = 0;
     if (impl == nullptr) return EXPANSE_ERROR_UNSUPPORTED;
-    workspace ws(nullptr, 0);
+    workspace ws = workspace::for_sizing();
     launch_context lc{nullptr, ws, props};
     impl->run(*op, lc);
     *bytes = ws.used();
@@ -125,7 +125,7 @@ expanse_status run(const expanse_op* op, const expanse_exec* exec, char* err, si
       return EXPANSE_ERROR_UNSUPPORTED;
     }
     // Size first, so a too-small workspace is reported before anything is enqueued.
-    workspace sizing(nullptr, 0);
+    workspace sizing = workspace::for_sizing();
     launch_context probe{nullptr, sizing, props};
     impl->run(*op, probe);
     if (sizing.used() > exec->workspace_bytes) {

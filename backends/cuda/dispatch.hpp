@@ -23,12 +23,14 @@ struct device_props {
 };
 
 // Scratch memory carved out of the caller's workspace. An operation runs twice: a sizing pass
-// (base == nullptr: only counts the bytes it takes, launches nothing) to answer workspace_size,
-// then the real pass. Both take the same pieces in the same order.
+// (only counts the bytes it takes, launches nothing) to answer workspace_size, then the real pass
+// (whose workspace may be null when the operation needs none). Both take the same pieces in the
+// same order.
 class workspace {
  public:
-  workspace(void* base, size_t bytes) : base_(static_cast<char*>(base)), bytes_(bytes) {}
-  bool sizing() const { return base_ == nullptr; }
+  static workspace for_sizing() { return workspace(nullptr, 0, true); }
+  workspace(void* base, size_t bytes) : workspace(base, bytes, false) {}
+  bool sizing() const { return sizing_; }
   template <class T>
   T* take(size_t count) {
     const size_t at = (used_ + 255) / 256 * 256;  // 256-byte aligned pieces
@@ -39,8 +41,11 @@ class workspace {
   size_t used() const { return used_; }
 
  private:
+  workspace(void* base, size_t bytes, bool sizing)
+      : base_(static_cast<char*>(base)), bytes_(bytes), sizing_(sizing) {}
   char* base_;
   size_t bytes_;
+  bool sizing_;
   size_t used_ = 0;
 };
 

@@ -7,6 +7,8 @@
 namespace expanse_cuda {
 namespace {
 
+constexpr int kAhead = 8;  // chunks whose loads are in flight together
+
 // Offset of trailing element `elem` (row-major over dims 3..) in a tensor shaped like X.
 __device__ __forceinline__ int64_t trailing_offset(const expanse_tensor& shape_of, const expanse_tensor& t,
                                                    int64_t elem) {
@@ -29,10 +31,24 @@ __global__ void discumsum_kernel(expanse_tensor X, expanse_tensor A, expanse_ten
     float y = init.data ? *ptrf(init, batch * init.strides[0] + head * init.strides[2] + trailing_offset(X, init, elem)) : 0.f;
     const T* xs = static_cast<const T*>(X.data) + batch * X.strides[0] + head * X.strides[2] + xo;
     float* ys = static_cast<float*>(Y.data) + batch * Y.strides[0] + head * Y.strides[2] + yo;
-    for (int64_t m = 0; m < n; ++m) {
-      const float x = to_f32(xs[m * X.strides[1]]);  // read before the write: X may alias Y
-      ys[m * Y.strides[1]] = y;
-      y = (A.data ? expf(*ptrf(A, off3(A, batch, m, head))) : 1.f) * y + x;
+    // Chunks go in groups of kAhead: their X and A are loaded before any Y of the group is
+    // written, so the loads overlap instead of waiting one by one (in place, Y_m overwrites X_m
+    // only after X_m was read).
+    for (int64_t m0 = 0; m0 < n; m0 += kAhead) {
+      float x[kAhead], decay[kAhead];
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j) {
+        const int64_t m = m0 + j;
+        x[j] = m < n ? to_f32(xs[m * X.strides[1]]) : 0.f;
+        decay[j] = m < n && A.data ? expf(*ptrf(A, off3(A, batch, m, head))) : 1.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j) {
+        const int64_t m = m0 + j;
+        if (m >= n) break;
+        ys[m * Y.strides[1]] = y;
+        y = decay[j] * y + x[j];
+      }
     }
     if (fin.data) *ptrf(fin, batch * fin.strides[0] + head * fin.strides[2] + trailing_offset(X, fin, elem)) = y;
   }

@@ -79,12 +79,12 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int d = P.d, qs_stride = d + 8;
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kTokens][d+8]
-  T* sb[2];                                // [kRowsK][kSS]
-  sb[0] = qs + kTokens * qs_stride;
-  sb[1] = sb[0] + kRowsK * kSS;
-  int* sidx[2];  // [kRowsK][4]: the q columns of each phi row
-  sidx[0] = reinterpret_cast<int*>(sb[1] + kRowsK * kSS);
-  sidx[1] = sidx[0] + kRowsK * 4;
+  // Two buffers each, addressed by arithmetic (a run-time indexed pointer array would live in
+  // local memory): the state rows [kRowsK][kSS] in b16 and their q columns [kRowsK][4].
+  T* const sb0 = qs + kTokens * qs_stride;
+  constexpr int sb_size = kRowsK * kSS;
+  int* const sidx0 = reinterpret_cast<int*>(sb0 + 2 * sb_size);
+  constexpr int sidx_size = kRowsK * 4;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   int64_t cta = blockIdx.x;
@@ -143,14 +143,14 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
       uint2 packed;
       packed.x = pack2_f32<T>(sreg[i].x * cf, sreg[i].y * cf);
       packed.y = pack2_f32<T>(sreg[i].z * cf, sreg[i].w * cf);
-      *reinterpret_cast<uint2*>(sb[buf] + row * kSS + c4 * 4) = packed;
+      *reinterpret_cast<uint2*>(sb0 + buf * sb_size + row * kSS + c4 * 4) = packed;
     }
     if (tid < kRowsK) {
       uint4 zr = make_uint4(0, 0, 0, 0);
       reinterpret_cast<T*>(&zr)[0] = from_f32<T>(zreg);
-      *reinterpret_cast<uint4*>(sb[buf] + tid * kSS + E) = zr;
+      *reinterpret_cast<uint4*>(sb0 + buf * sb_size + tid * kSS + E) = zr;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) sidx[buf][tid * 4 + k] = ireg[k];
+      for (int k = 0; k < 4; ++k) sidx0[buf * sidx_size + tid * 4 + k] = ireg[k];
     }
   };
 
@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
   for (int64_t step = 0; step < steps; ++step) {
     const int buf = static_cast<int>(step & 1);
     if (step + 1 < steps) load_step((step + 1) * kRowsK);
-    const T* bb = sb[buf];
-    const int* ib = sidx[buf];
+    const T* bb = sb0 + buf * sb_size;
+    const int* ib = sidx0 + buf * sidx_size;
 #pragma unroll
     for (int ks = 0; ks < kRowsK / 16; ++ks) {
       // The q columns of the 4 phi rows (2tq, 2tq+1, 2tq+8, 2tq+9) this lane's fragments use.

@@ -36,31 +36,32 @@ struct mma_update_state_params {
 namespace mma_update_state_cfg {
 constexpr int kWarps = 8, kThreads = 256;
 constexpr int kRows = 256;  // rows of phi per CTA
-constexpr int kTok = 32;    // tokens per K step
+constexpr int kTok = 64;    // tokens per K step
 constexpr int kTokPad = kTok + 8;
-constexpr int kMaxD = 256;
 }  // namespace mma_update_state_cfg
 
 // Shared memory bytes for d and E.
-template <class T, int E>
-constexpr size_t mma_update_state_smem(int d) {
+template <class T, int DH, int E>
+constexpr size_t mma_update_state_smem() {
   using namespace mma_update_state_cfg;
-  return 2 * (size_t(d + 1) * kTokPad + size_t(kTok) * (E + 8)) * sizeof(T);
+  return 2 * (size_t(DH + 1) * kTokPad + size_t(kTok) * (E + 8)) * sizeof(T);
 }
 
-template <class T, int E>
+template <class T, int DH, int E>
 __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_state_params P) {
   using namespace mma_update_state_cfg;
   constexpr int kVS = E + 8;             // row stride of the V tile (e columns + the z tile)
   constexpr int kNT = E / 8;             // n8 tiles of v
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int d = P.d;
-  T* kT[2];  // [d+1][kTokPad]: keys transposed; row d stays zero (the rows past D point there)
-  T* vs[2];  // [kTok][kVS]: gated values, column E = the gate (z), E+1..E+7 = 0
-  kT[0] = reinterpret_cast<T*>(smem_raw);
-  kT[1] = kT[0] + (d + 1) * kTokPad;
-  vs[0] = kT[1] + (d + 1) * kTokPad;
-  vs[1] = vs[0] + kTok * kVS;
+  constexpr int d = DH;
+  // Two buffers each (addressed by arithmetic: an array of pointers indexed at run time would
+  // live in local memory):
+  //   keys [d+1][kTokPad], transposed; row d stays zero (the rows past D point there)
+  //   values [kTok][kVS], gated; column E = the gate (gives z), E+1..E+7 = 0
+  T* const kT0 = reinterpret_cast<T*>(smem_raw);
+  constexpr int kT_size = (d + 1) * kTokPad;
+  T* const vs0 = kT0 + 2 * kT_size;
+  constexpr int vs_size = kTok * kVS;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   int64_t cta = blockIdx.x;
@@ -90,14 +91,16 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
     }
 
   for (int i = tid; i < kTokPad; i += kThreads) {  // the zero row of both key buffers
-    kT[0][d * kTokPad + i] = from_f32<T>(0.f);
-    kT[1][d * kTokPad + i] = from_f32<T>(0.f);
+    kT0[d * kTokPad + i] = from_f32<T>(0.f);
+    kT0[kT_size + d * kTokPad + i] = from_f32<T>(0.f);
   }
 
-  // Global -> register staging of one K step: keys and gated values as 16-byte vectors.
-  const int kvec = kTok * d / 8, vvec = kTok * E / 8;
-  constexpr int kMaxKV = kTok * kMaxD / 8 / kThreads, kMaxVV = (kTok * E / 8 + kThreads - 1) / kThreads;
-  uint4 kreg[kMaxKV], vreg[kMaxVV];
+  // Global -> register staging of one K step: keys and gated values as 16-byte vectors. Keys go
+  // by pairs of tokens (2s, 2s+1) of one 8-feature slice, so that the transposed store writes
+  // 32-bit words (both tokens of a feature) with at most 2-way bank conflicts.
+  constexpr int kpairs = kTok / 2 * d / 8, vvec = kTok * E / 8;
+  constexpr int kMaxKV = (kpairs + kThreads - 1) / kThreads, kMaxVV = (vvec + kThreads - 1) / kThreads;
+  uint4 kreg[kMaxKV][2], vreg[kMaxVV];
   float wreg[kMaxVV];
   float zreg = 0.f;
   const T* kbase = static_cast<const T*>(P.k) + batch * P.k_sb + head * P.k_sh;
@@ -108,9 +111,13 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
 #pragma unroll
     for (int i = 0; i < kMaxKV; ++i) {
       const int vi = tid + i * kThreads;
-      if (vi < kvec) {
-        const int s = vi / (d / 8), c8 = vi % (d / 8);
-        kreg[i] = s0 + s < len ? *reinterpret_cast<const uint4*>(kbase + (first + s0 + s) * P.k_st + c8 * 8) : make_uint4(0, 0, 0, 0);
+      if (vi < kpairs) {
+        const int sp = vi % (kTok / 2), c8 = vi / (kTok / 2);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int64_t s = s0 + 2 * sp + u;
+          kreg[i][u] = s < len ? *reinterpret_cast<const uint4*>(kbase + (first + s) * P.k_st + c8 * 8) : make_uint4(0, 0, 0, 0);
+        }
       }
     }
 #pragma unroll
@@ -126,14 +133,18 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
     if (tid < kTok) zreg = gate(s0 + tid);
   };
   auto store_step = [&](int buf) {
+    T* const kb = kT0 + buf * kT_size;
+    T* const vb = vs0 + buf * vs_size;
 #pragma unroll
     for (int i = 0; i < kMaxKV; ++i) {
       const int vi = tid + i * kThreads;
-      if (vi < kvec) {
-        const int s = vi / (d / 8), c8 = vi % (d / 8);
-        const T* e = reinterpret_cast<const T*>(&kreg[i]);
+      if (vi < kpairs) {
+        const int sp = vi % (kTok / 2), c8 = vi / (kTok / 2);
+        const T* e0 = reinterpret_cast<const T*>(&kreg[i][0]);
+        const T* e1 = reinterpret_cast<const T*>(&kreg[i][1]);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) kT[buf][(c8 * 8 + j) * kTokPad + s] = e[j];
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<uint32_t*>(kb + (c8 * 8 + j) * kTokPad + 2 * sp) = pack2(e0[j], e1[j]);
       }
     }
 #pragma unroll
@@ -146,13 +157,13 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
         T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
         for (int j = 0; j < 8; ++j) o[j] = from_f32<T>(to_f32(e[j]) * wreg[i]);
-        *reinterpret_cast<uint4*>(&vs[buf][s * kVS + c8 * 8]) = out;
+        *reinterpret_cast<uint4*>(vb + s * kVS + c8 * 8) = out;
       }
     }
     if (tid < kTok) {
       uint4 zr = make_uint4(0, 0, 0, 0);
       reinterpret_cast<T*>(&zr)[0] = from_f32<T>(zreg);
-      *reinterpret_cast<uint4*>(&vs[buf][tid * kVS + E]) = zr;
+      *reinterpret_cast<uint4*>(vb + tid * kVS + E) = zr;
     }
   };
 
@@ -172,8 +183,8 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
   for (int64_t step = 0; step < steps; ++step) {
     const int buf = static_cast<int>(step & 1);
     if (step + 1 < steps) load_step((step + 1) * kTok);
-    const T* kb = kT[buf];
-    const T* vb = vs[buf];
+    const T* kb = kT0 + buf * kT_size;
+    const T* vb = vs0 + buf * vs_size;
 #pragma unroll
     for (int ks = 0; ks < kTok / 16; ++ks) {
       // A fragments: phi of this lane's rows at tokens (2tq, 2tq+1) and (2tq+8, 2tq+9).
