@@ -2,7 +2,8 @@
 # Installs what expanse builds and tests with, from Debian packages and PyPI only. Idempotent: does
 # nothing when everything is already there.
 set -euo pipefail
-packages=(cmake ninja-build g++ ccache libtbb-dev libeigen3-dev doctest-dev python3 python3-pip)
+packages=(cmake ninja-build g++ ccache libtbb-dev libeigen3-dev doctest-dev python3 python3-pip
+          python3-dev python3-venv)  # the last two: the Python package (python_bindings/) builds against them
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -11,7 +12,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-if ! python3 -c "import numpy" >/dev/null 2>&1; then
-  echo "installing numpy from PyPI"
-  python3 -m pip install -q numpy 2>/dev/null || python3 -m pip install -q --break-system-packages numpy
-fi
+# From PyPI: numpy (tests, demo), and what the Python package builds and tests with (pip module name:
+# import name), so that scripts/test.sh can build it without fetching anything.
+for dep in numpy:numpy nanobind:nanobind scikit-build-core:scikit_build_core pytest:pytest; do
+  if ! python3 -c "import ${dep#*:}" >/dev/null 2>&1; then
+    echo "installing ${dep%%:*} from PyPI"
+    python3 -m pip install -q "${dep%%:*}" 2>/dev/null || python3 -m pip install -q --break-system-packages "${dep%%:*}"
+  fi
+done

@@ -74,7 +74,7 @@ TEST_CASE("power_attention rejects bad input, names the argument and writes noth
       {"p = 5", [](attention_problem& p) { p.a.p = 5; }, "p must be"},
       {"normalize with odd p", [](attention_problem& p) { p.a.p = 3; }, "even p"},
       {"normalize = 2", [](attention_problem& p) { p.a.normalize = 2; }, "'normalize'"},
-      {"negative chunk size", [](attention_problem& p) { p.a.chunk_size = -1; }, "chunk_size"},
+      {"negative chunk size", [](attention_problem& p) { p.a.chunk_size = -2; }, "chunk_size"},
       {"non-finite scale", [](attention_problem& p) { p.a.scale = NAN; }, "'scale'"},
       {"d % d_tile != 0", [](attention_problem& p) { p.a.layout = {EXPANSE_LAYOUT_TILED, 3}; }, "d_tile"},
       {"unknown layout", [](attention_problem& p) { p.a.layout = {7, 0}; }, "'layout'"},

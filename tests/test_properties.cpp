@@ -82,7 +82,8 @@ TEST_CASE("chunked equals quadratic for every chunk size, and both equal the rec
       const h::tensor_map recurrent = h::naive::run(quad, in);
       INFO("p=" << p << " gated=" << gated << " seed=" << test_seed() + p);
       for (const auto& [name, x] : ref) CHECK(max_rel_error(x, recurrent.at(name)) <= 1e-12);
-      for (int64_t c : {1, 7, 16, 74, 75, 200}) {  // 75 = t; 74 leaves a last chunk of 1; 200 > t
+      // 75 = t; 74 leaves a last chunk of 1; 200 > t; EXPANSE_CHUNK_AUTO lets the library choose
+      for (int64_t c : {int64_t(1), int64_t(7), int64_t(16), int64_t(74), int64_t(75), int64_t(200), int64_t(EXPANSE_CHUNK_AUTO)}) {
         h::op_config chunked = quad;
         chunked.c = c;
         const h::tensor_map out = h::run_on(ctx, chunked, in, true);
@@ -90,6 +91,13 @@ TEST_CASE("chunked equals quadratic for every chunk size, and both equal the rec
         for (const auto& [name, x] : out) CHECK(max_rel_error(x, ref.at(name)) <= 1e-12);
       }
     }
+}
+
+TEST_CASE("the automatic chunk size is the documented rule") {
+  CHECK(expanse_auto_chunk_size(1) == 0);
+  CHECK(expanse_auto_chunk_size(4096) == 0);
+  CHECK(expanse_auto_chunk_size(4097) == 512);
+  CHECK(expanse_auto_chunk_size(65536) == 512);
 }
 
 TEST_CASE("t = 1 and odd p unnormalized") {

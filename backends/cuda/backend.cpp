@@ -129,7 +129,7 @@ expanse_status run(const expanse_op* op, const expanse_exec* exec, char* err, si
     launch_context probe{nullptr, sizing, props};
     impl->run(*op, probe);
     if (sizing.used() > exec->workspace_bytes) {
-      write_text(err, err_len, "cuda: " + std::string(expanse_op_name(op->kind)) + " needs a workspace of " +
+      write_text(err, err_len, "cuda: " + std::string(op_name(op->kind)) + " needs a workspace of " +
                                    std::to_string(sizing.used()) + " bytes, got " + std::to_string(exec->workspace_bytes));
       return EXPANSE_ERROR_WORKSPACE;
     }

@@ -20,6 +20,14 @@ static const std::vector<implementation>& list_of(expanse_op_kind kind) {
   return none;
 }
 
+// The plugin must not call into libexpanse (the core loads it RTLD_LOCAL, and Python loads the core
+// RTLD_LOCAL too), so it keeps its own names.
+const char* op_name(expanse_op_kind kind) {
+  static const char* const names[] = {"sympow_expand",   "update_state",    "discumsum",           "query_state",
+                                      "chunk_attention", "power_attention", "power_attention_step"};
+  return kind >= 0 && kind < EXPANSE_OP_COUNT ? names[kind] : "unknown op";
+}
+
 const implementation* choose(const expanse_op& op, const device_props& props, std::string* reasons) {
   static const bool verbose = [] {
     const char* v = std::getenv("EXPANSE_CUDA_VERBOSE");
@@ -29,10 +37,10 @@ const implementation* choose(const expanse_op& op, const device_props& props, st
   for (const implementation& impl : list_of(op.kind)) {
     const std::string reason = impl.declines(op, props);
     if (reason.empty()) {
-      if (verbose) std::fprintf(stderr, "expanse cuda: %s -> %s\n", expanse_op_name(op.kind), impl.name);
+      if (verbose) std::fprintf(stderr, "expanse cuda: %s -> %s\n", op_name(op.kind), impl.name);
       return &impl;
     }
-    if (verbose) std::fprintf(stderr, "expanse cuda: %s: %s declines: %s\n", expanse_op_name(op.kind), impl.name, reason.c_str());
+    if (verbose) std::fprintf(stderr, "expanse cuda: %s: %s declines: %s\n", op_name(op.kind), impl.name, reason.c_str());
     why += (why.empty() ? "" : "; ") + std::string(impl.name) + ": " + reason;
   }
   if (reasons) *reasons = why.empty() ? "no implementation of this operation" : why;

@@ -76,6 +76,8 @@ const std::vector<implementation>& power_attention_step_impls();
 // The implementation that takes `op` (nullptr and the joined reasons when none does).
 const implementation* choose(const expanse_op& op, const device_props& props, std::string* reasons);
 
+const char* op_name(expanse_op_kind kind);
+
 // Throws std::runtime_error with the CUDA error text when the last launch failed.
 void check_launch(const char* what);
 

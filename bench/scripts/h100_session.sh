@@ -19,7 +19,7 @@ if has build; then
 fi
 if has test; then
   ctest --test-dir build-gpu --output-on-failure -j 4 > "$out/ctest.log" 2>&1; echo "ctest rc=$?"; tail -5 "$out/ctest.log"
-  build-gpu/tests/expanse_tests -tc="case table*" -s 2>&1 | grep -E "backend|FAIL|ERROR|rel. error|repro|error:" | head -60 > "$out/case_table_cuda.txt"
+  build-gpu/bin/expanse_tests -tc="case table*" -s 2>&1 | grep -E "backend|FAIL|ERROR|rel. error|repro|error:" | head -60 > "$out/case_table_cuda.txt"
   cat "$out/case_table_cuda.txt" | head -40
 fi
 if has check; then

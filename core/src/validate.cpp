@@ -399,9 +399,11 @@ void validate_power_attention(const expanse_power_attention_args& a, checker& ck
   ck.normalization(a.normalize, pr.p);
   pr.normalize = a.normalize;
   pr.scale = ck.scale(a.scale, pr.d);
-  if (a.chunk_size < 0)
-    ck.error("chunk_size must be >= 0 (0: the quadratic form), got %lld", (long long)a.chunk_size);
-  pr.c = a.chunk_size > 0 ? a.chunk_size : std::max<int64_t>(pr.t, 1);
+  if (a.chunk_size < 0 && a.chunk_size != EXPANSE_CHUNK_AUTO)
+    ck.error("chunk_size must be >= 0 (0: the quadratic form) or EXPANSE_CHUNK_AUTO (-1), got %lld",
+             (long long)a.chunk_size);
+  const int64_t chunk = a.chunk_size == EXPANSE_CHUNK_AUTO ? expanse_auto_chunk_size(pr.t) : a.chunk_size;
+  pr.c = chunk > 0 ? chunk : std::max<int64_t>(pr.t, 1);
   pr.n = chunks(pr.t, pr.c);
   pr.layout = a.layout;
   pr.D = ck.expanded(pr.p, pr.d, a.layout);

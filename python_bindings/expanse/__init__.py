@@ -1,0 +1,69 @@
+"""expanse: power attention and gated chunked linear attention, over the expanse C++ library.
+
+The functions mirror the library's operations (SPEC.md) with the argument names of FLA and
+retention. Token tensors are sequence-major: q [b, t, hq, d], k [b, t, h, d], v [b, t, h, e],
+log_g [b, t, h]; states S [b, h, D, e] and z [b, h, D], where D is the expanded dimension of the
+symmetric power feature map phi (C(d+p-1, p) in the default 'sympow' layout).
+
+Arrays are numpy arrays or DLPack tensors (PyTorch, CuPy, JAX), used in place without copies, with
+any non-negative strides; CUDA tensors stay on their device and run on the framework's current
+stream. Results come back in the framework of the first array argument. Inputs are float16,
+bfloat16 or float32 (float64 on the reference backend); states are float32 (float64 for float64
+inputs).
+
+    >>> import numpy as np, expanse
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((2, 256, 4, 32), dtype=np.float32) for _ in range(3))
+    >>> o = expanse.power_attention(q, k, v, p=2)                     # o: [2, 256, 4, 32] float32
+    >>> o, (S, z) = expanse.power_attention(q, k, v, chunk_size=64, output_final_state=True)
+    >>> [b.name for b in expanse.backends() if b.available]
+    ['reference']
+    >>> expanse.check("power_attention", backend="reference", t=100, chunk_size=32).passed
+    True
+
+Operations: power_attention, power_attention_step, sympow_expand, update_state, discumsum,
+query_state, chunk_attention. Backends: backends(), devices(), set_default_backend(). Validation
+against the reference: check().
+
+Errors: TypeError for arguments that are not arrays (or of an unsupported dtype), ValueError
+(expanse.InvalidArgumentError) for bad shapes, dtypes, devices or parameters, NotImplementedError
+(expanse.UnsupportedError) when the backend does not implement a problem, RuntimeError
+(expanse.BackendError) for a missing or unavailable backend; the messages are the library's and
+name the offending argument.
+"""
+
+from . import _expanse
+from ._errors import (BackendError, ExpanseError, InternalError, InvalidArgumentError, OutOfMemoryError,
+                      UnsupportedError, WorkspaceError)
+from ._backends import (BackendInfo, DeviceInfo, available_backends, backends, devices, get_default_backend,
+                        set_default_backend)
+from ._ops import (chunk_attention, discumsum, power_attention, power_attention_step, query_state,
+                   sympow_expand, update_state)
+from ._check import CheckResult, TOLERANCES, check
+
+__version__ = _expanse.version()
+
+
+def expanded_dim(d: int, p: int = 2, layout: str = "sympow") -> int:
+    """The expanded dimension D of phi for head dim d, degree p and a layout ('sympow':
+    C(d+p-1, p), 'tensor': d^p, 'tiled:N': C(d/N+p-1, p) N^p).
+
+    >>> expanse.expanded_dim(64, p=2)
+    2080
+    """
+    from . import _params
+    lay = _params.layout("expanded_dim", layout)
+    return _expanse.expanded_dim(_params.integer("expanded_dim", "p", p), _params.integer("expanded_dim", "d", d),
+                                 lay[0], lay[1])
+
+
+__all__ = [
+    "power_attention", "power_attention_step", "sympow_expand", "update_state", "discumsum", "query_state",
+    "chunk_attention", "expanded_dim",
+    "backends", "available_backends", "devices", "set_default_backend", "get_default_backend",
+    "BackendInfo", "DeviceInfo",
+    "check", "CheckResult", "TOLERANCES",
+    "ExpanseError", "InvalidArgumentError", "UnsupportedError", "BackendError", "OutOfMemoryError",
+    "WorkspaceError", "InternalError",
+    "__version__",
+]

@@ -1,0 +1,373 @@
+"""The operations of SPEC.md over framework arrays.
+
+Each function checks its Python-level arguments (array types, scalar types), works out the shapes
+and dtypes of its outputs, and hands everything to the extension, which has the library validate the
+whole call before the caller's framework allocates the outputs. Shape rules stay the library's: when
+the inputs are too malformed to derive output shapes from, the library is asked anyway and raises
+its own message naming the argument.
+"""
+
+from . import _arrays, _backends, _expanse, _params
+from ._errors import ExpanseError
+
+
+class _Malformed(Exception):
+    """Output shapes cannot be derived; the library's validation will say why."""
+
+
+def _dims(meta, name, rank):
+    shape = meta[name][0]
+    if len(shape) != rank:
+        raise _Malformed(name)
+    return shape
+
+
+def _expanded(p, d, layout):
+    return _expanse.expanded_dim(p, d, layout[0], layout[1])
+
+
+def _call(op, inputs, outputs, *, backend, required, in_place=None, **params):
+    """Runs `op`. inputs: {name: array or None}, the first one the anchor whose framework and device
+    the outputs take; outputs(meta) -> {name: (shape, dtype)} where meta maps each given array's name
+    to (shape, dtype); in_place: {name: array} written in place; required: names that must not be None."""
+    for n in required:
+        x = inputs[n] if n in inputs else in_place[n]
+        if x is None:
+            raise TypeError(f"{op}: argument '{n}' must be an array, got None")
+    given = {n: _arrays.prepare(op, n, x) for n, x in inputs.items() if x is not None}
+    written = {n: _arrays.prepare(op, n, x) for n, x in (in_place or {}).items() if x is not None}
+    anchor = next(iter(given.values()))
+    fw = _arrays.framework_of(anchor)
+    device_type, device = fw.device(anchor)
+    name = _backends.resolve(backend, device_type, op)
+
+    meta = {}
+    for n, x in {**given, **written}.items():
+        f = _arrays.framework_of(x)
+        meta[n] = (tuple(f.shape(x)), f.dtype(x))
+    try:
+        specs = outputs(meta)
+    except (_Malformed, IndexError, KeyError, ExpanseError):
+        specs = {}  # the library's validation names the bad argument below
+    requested = dict(written)
+    for n, (shape, dtype) in specs.items():
+        requested[n] = (tuple(int(s) for s in shape), dtype)
+
+    def allocate(shape, dtype):
+        return fw.empty(tuple(shape), dtype, anchor, name, device)
+
+    return _expanse.run(op, name, device, device_type, fw.stream(anchor), given, requested, allocate, **params)
+
+
+def power_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=None, normalize=True,
+                    initial_state=None, output_final_state=False, layout="sympow", backend=None):
+    """Gated power attention: attention with the weights (scale q_i . k_j)^p, causal, optionally
+    gated and normalized (SPEC.md). For query i and keys j <= i of the same batch and kv head::
+
+        A_ij = (scale * q_i . k_j)^p * exp(G_i - G_j)        G_i = log_g_1 + ... + log_g_i
+        o_i  = sum_j A_ij v_j / sum_j A_ij                   normalize=True (o_i = 0 where the sum is 0)
+        o_i  = sum_j A_ij v_j                                normalize=False
+
+    Args:
+        q: queries [b, t, hq, d].
+        k: keys [b, t, h, d]. hq must be a multiple of h (grouped-query attention: query head i
+            reads kv head i // (hq // h)).
+        v: values [b, t, h, e].
+        log_g: optional log of the per-token decay [b, t, h] (e.g. logsigmoid of a gate, <= 0),
+            float32 (float64 with float64 inputs). None: no gating.
+        p: degree of the power, 1..4 (p = 1 is linear attention). normalize=True needs an even p.
+        scale: query scale; None: 1/sqrt(d).
+        chunk_size: None: the quadratic form (best for short sequences). An int c >= 1: the chunked
+            algorithm with chunks of c tokens (t need not be a multiple of c); same result.
+        normalize: divide by the sum of the weights (only for even p).
+        initial_state: optional state (S0, z0) entering the sequence, as returned by
+            output_final_state=True: S0 [b, h, D, e], z0 [b, h, D] (z0 may be None, or S0 given
+            alone, when normalize=False). Its terms phi(scale q_i)^T S0 exp(G_i) join the
+            numerator and phi(scale q_i)^T z0 exp(G_i) the denominator.
+        output_final_state: also return the state after the last token.
+        layout: feature-map layout of the states: 'sympow' (exact, D = C(d+p-1, p)), 'tensor'
+            (D = d^p) or 'tiled:N' (tensor-core blocks, d % N == 0). Only matters for states.
+        backend: backend name ('reference', 'cuda', ...); None: see set_default_backend().
+
+    dtypes: q, k and v share one dtype: float16, bfloat16 or float32 on every backend, float64 on
+    the reference. Arrays may be numpy arrays or DLPack tensors (torch, cupy, jax), with any
+    non-negative strides; they are never copied, and GPU tensors are used on their device and the
+    framework's current stream.
+
+    Returns:
+        o [b, t, hq, e] in v's dtype, as an array of q's framework on q's device. With
+        output_final_state=True, (o, (S, z)): S [b, h, D, e] and z [b, h, D] (None when
+        normalize=False), float32 (float64 for float64 inputs, or initial_state's dtype).
+
+    Raises:
+        TypeError: an argument is not an array, or has a dtype expanse does not take.
+        ValueError: bad shapes, ranks, dtypes, devices, p, layout, ... (expanse.InvalidArgumentError).
+        NotImplementedError: the backend does not implement this problem (expanse.UnsupportedError).
+        RuntimeError: the backend is missing or unavailable (expanse.BackendError).
+
+    Example::
+
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v = (rng.standard_normal((1, 100, 4, 16)) for _ in range(3))
+        >>> log_g = np.log(rng.uniform(0.9, 1.0, (1, 100, 4)))
+        >>> o = expanse.power_attention(q, k, v, log_g, p=2)                   # [1, 100, 4, 16]
+        >>> o2, (S, z) = expanse.power_attention(q, k, v, log_g, chunk_size=32, output_final_state=True)
+        >>> S.shape, z.shape                                                   # D = C(16+1, 2) = 136
+        ((1, 4, 136, 16), (1, 4, 136))
+    """
+    op = "power_attention"
+    p = _params.integer(op, "p", p)
+    normalize = _params.flag(op, "normalize", normalize)
+    output_final_state = _params.flag(op, "output_final_state", output_final_state)
+    lay = _params.layout(op, layout)
+    S0, z0 = _state_pair(op, "initial_state", initial_state, required=False)
+
+    def outputs(meta):
+        b, t, hq, d = _dims(meta, "q", 4)
+        h, e = _dims(meta, "k", 4)[2], _dims(meta, "v", 4)[3]
+        out = {"o": ((b, t, hq, e), meta["v"][1])}
+        if output_final_state:
+            D = _expanded(p, d, lay)
+            st = meta["initial_S"][1] if "initial_S" in meta else _params.state_dtype(meta["q"][1])
+            out["final_S"] = ((b, h, D, e), st)
+            if normalize:
+                out["final_z"] = ((b, h, D), st)
+        return out
+
+    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g, "initial_S": S0, "initial_z": z0}, outputs,
+              backend=backend, required=("q", "k", "v"), p=p, scale=_params.scale(op, scale),
+              chunk_size=_params.chunk_size(op, chunk_size, quadratic_default=True), normalize=normalize,
+              layout=lay)
+    if output_final_state:
+        return r["o"], (r["final_S"], r.get("final_z"))
+    return r["o"]
+
+
+def power_attention_step(q, k, v, log_g=None, *, state, p=2, scale=None, normalize=True, layout="sympow",
+                         backend=None):
+    """One decoding step of power attention: updates the state in place and returns the output of
+    the new token (the recurrent form of SPEC.md)::
+
+        S <- exp(log_g) S + phi(k) v^T        z <- exp(log_g) z + phi(k)
+        o  = phi(scale q)^T S / phi(scale q)^T z      (normalize=False: o = phi(scale q)^T S)
+
+    Args:
+        q: [b, hq, d] (or [b, 1, hq, d]) the new token's queries.
+        k: [b, h, d] (or [b, 1, h, d]).
+        v: [b, h, e] (or [b, 1, h, e]).
+        log_g: optional [b, h] (or [b, 1, h]) log of the decay, float32 (float64 with float64 inputs).
+        state: (S, z), S [b, h, D, e] and z [b, h, D], float32 (float64 on the reference), both
+            writable and updated in place: e.g. the final state of power_attention(...,
+            output_final_state=True), or zeros to start a sequence. z may be None (or S given
+            alone) when normalize=False.
+        p, scale, normalize, layout, backend: as in power_attention (layout must be the state's).
+
+    Returns:
+        o in v's dtype, [b, hq, e] (or [b, 1, hq, e] when q has the token axis), as an array of
+        q's framework.
+
+    Example::
+
+        >>> o, state = expanse.power_attention(q, k, v, log_g, output_final_state=True)
+        >>> o_next = expanse.power_attention_step(q_new, k_new, v_new, g_new, state=state)  # q_new [b, hq, d]
+    """
+    op = "power_attention_step"
+    p = _params.integer(op, "p", p)
+    normalize = _params.flag(op, "normalize", normalize)
+    lay = _params.layout(op, layout)
+    S, z = _state_pair(op, "state", state, required=True)
+
+    def outputs(meta):
+        qs = meta["q"][0]
+        if len(qs) not in (3, 4):
+            raise _Malformed("q")
+        e = meta["v"][0][-1]
+        shape = (qs[0], qs[1], qs[2], e) if len(qs) == 4 else (qs[0], qs[1], e)
+        return {"o": (shape, meta["v"][1])}
+
+    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g}, outputs, backend=backend, in_place={"S": S, "z": z},
+              required=("q", "k", "v", "S"),
+              p=p, scale=_params.scale(op, scale), normalize=normalize, layout=lay)
+    return r["o"]
+
+
+def sympow_expand(x, *, p=2, layout="sympow", backend=None):
+    """The feature map phi: the symmetric power expansion, with <phi(a), phi(b)> = (a . b)^p.
+
+    Args:
+        x: [..., d] any number of leading dimensions.
+        p: degree, 1..6.
+        layout: 'sympow' (exact: one entry per multiset of p indices i1 <= ... <= ip, in
+            lexicographic order, times sqrt(p! / prod(multiplicity!)); D = C(d+p-1, p)),
+            'tensor' (all d^p products, row-major) or 'tiled:N' (blocks of N^p, d % N == 0).
+        backend: as in power_attention.
+
+    Returns:
+        phi(x) [..., D] in x's dtype.
+
+    Example::
+
+        >>> a, b = np.random.default_rng(0).standard_normal((2, 8))
+        >>> pa, pb = expanse.sympow_expand(np.stack([a, b]), p=3)           # [2, C(10, 3) = 120]
+        >>> np.allclose(pa @ pb, (a @ b) ** 3)
+        True
+    """
+    op = "sympow_expand"
+    p = _params.integer(op, "p", p)
+    lay = _params.layout(op, layout)
+
+    def outputs(meta):
+        shape, dtype = meta["x"]
+        if len(shape) < 1:
+            raise _Malformed("x")
+        return {"out": (tuple(shape[:-1]) + (_expanded(p, shape[-1], lay),), dtype)}
+
+    return _call(op, {"x": x}, outputs, backend=backend, required=("x",), p=p, layout=lay)["out"]
+
+
+def update_state(k, v, log_g=None, *, p=2, chunk_size=_params.DEFAULT_CHUNK, layout="sympow", backend=None):
+    """Chunk states (step 1 of the chunked algorithm): for each chunk m of chunk_size tokens, with
+    Gc_j the cumulative sum of log_g inside the chunk and A_m its total::
+
+        S_m = sum_{j in m} exp(A_m - Gc_j) phi(k_j) v_j^T        z_m = sum_{j in m} exp(A_m - Gc_j) phi(k_j)
+
+    Args:
+        k: [b, t, h, d].  v: [b, t, h, e].  log_g: optional [b, t, h], float32 (float64 with float64 inputs).
+        p: 1..4.  chunk_size: c >= 1 (the last chunk may be shorter).  layout: as in sympow_expand.
+
+    Returns:
+        (S, z): S [b, n, h, D, e] and z [b, n, h, D], n = ceil(t / chunk_size), float32 (float64
+        for float64 inputs).
+    """
+    op = "update_state"
+    p = _params.integer(op, "p", p)
+    c = _params.chunk_size(op, chunk_size, quadratic_default=False)
+    lay = _params.layout(op, layout)
+
+    def outputs(meta):
+        b, t, h, d = _dims(meta, "k", 4)
+        e = _dims(meta, "v", 4)[3]
+        if c < 1:
+            raise _Malformed("chunk_size")
+        n, D, st = -(-t // c), _expanded(p, d, lay), _params.state_dtype(meta["k"][1])
+        return {"S": ((b, n, h, D, e), st), "z": ((b, n, h, D), st)}
+
+    r = _call(op, {"k": k, "v": v, "log_g": log_g}, outputs, backend=backend, required=("k", "v"), p=p, chunk_size=c, layout=lay)
+    return r["S"], r["z"]
+
+
+def discumsum(X, A, Y_init=None, *, backend=None):
+    """Discounted cumulative sum over chunks (step 2 of the chunked algorithm)::
+
+        Y_0 = Y_init (zeros when None)        Y_{m+1} = exp(A_m) Y_m + X_m
+
+    Args:
+        X: [b, n, h, ...] any trailing dimensions (e.g. the chunk states S_m of update_state).
+        A: [b, n, h] log-decays, float32 (float64 with float64 X), e.g. each chunk's total log_g.
+        Y_init: optional [b, h, ...] starting value.
+
+    Returns:
+        Y [b, n+1, h, ...]: Y[:, m] is the state entering chunk m, Y[:, n] the final state;
+        float32 (float64 for float64 X).
+    """
+    op = "discumsum"
+
+    def outputs(meta):
+        shape, dtype = meta["X"]
+        if len(shape) < 3:
+            raise _Malformed("X")
+        return {"Y": ((shape[0], shape[1] + 1) + tuple(shape[2:]), _params.state_dtype(dtype))}
+
+    return _call(op, {"X": X, "A": A, "Y_init": Y_init}, outputs, backend=backend, required=("X", "A"))["Y"]
+
+
+def query_state(q, S, z=None, log_g=None, *, intra=None, p=2, scale=None, chunk_size=_params.DEFAULT_CHUNK,
+                normalize=True, layout="sympow", backend=None):
+    """The inter-chunk term (step 3 of the chunked algorithm), optionally combined with the
+    intra-chunk result into the final output. For query i in chunk m (Gc_i: cumulative log_g inside
+    the chunk)::
+
+        num_i = phi(scale q_i)^T S_m exp(Gc_i)  [+ y_i exp(rowmax_i)]
+        den_i = phi(scale q_i)^T z_m exp(Gc_i)  [+ l_i exp(rowmax_i)]
+        o_i   = num_i / den_i   (normalize=True)        o_i = num_i   (normalize=False)
+
+    Args:
+        q: [b, t, hq, d].
+        S: [b, n, h, D, e] the states entering each chunk (discumsum's Y[:, :n]), float32/float64.
+        z: [b, n, h, D]; required when normalize=True.
+        log_g: optional [b, t, h].
+        intra: optional (y, l, rowmax) from chunk_attention with the same chunk_size.
+        p, scale, layout: as in power_attention.  chunk_size: c >= 1, as used for S.
+
+    Returns:
+        o [b, t, hq, e] in q's dtype.
+    """
+    op = "query_state"
+    p = _params.integer(op, "p", p)
+    c = _params.chunk_size(op, chunk_size, quadratic_default=False)
+    normalize = _params.flag(op, "normalize", normalize)
+    lay = _params.layout(op, layout)
+    y, l, rowmax = _intra(op, intra)
+
+    def outputs(meta):
+        b, t, hq, _ = _dims(meta, "q", 4)
+        e = _dims(meta, "S", 5)[4]
+        return {"o": ((b, t, hq, e), meta["q"][1])}
+
+    r = _call(op, {"q": q, "S": S, "z": z, "log_g": log_g, "y": y, "l": l, "rowmax": rowmax}, outputs,
+              backend=backend, required=("q", "S"), p=p, scale=_params.scale(op, scale), chunk_size=c, normalize=normalize, layout=lay)
+    return r["o"]
+
+
+def chunk_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=_params.DEFAULT_CHUNK, backend=None):
+    """Causal power attention inside each chunk (step 4 of the chunked algorithm), stabilized in
+    log space so that large p never overflows. For i, j in the same chunk, j <= i::
+
+        s_ij = p log|scale q_i . k_j| + Gc_i - Gc_j      rowmax_i = max_j s_ij
+        y_i  = sum_j sign_ij exp(s_ij - rowmax_i) v_j     l_i = sum_j sign_ij exp(s_ij - rowmax_i)
+
+    (sign_ij = sign(q_i . k_j)^p), so the true numerator is y_i exp(rowmax_i) and the denominator
+    l_i exp(rowmax_i).
+
+    Args:
+        q: [b, t, hq, d].  k: [b, t, h, d].  v: [b, t, h, e].  log_g: optional [b, t, h].
+        p: 1..4.  scale: None for 1/sqrt(d).
+        chunk_size: c >= 1; None: one chunk spanning the whole sequence (quadratic attention).
+
+    Returns:
+        (y, l, rowmax): y [b, t, hq, e], l and rowmax [b, t, hq], float32 (float64 for float64 inputs).
+    """
+    op = "chunk_attention"
+    p = _params.integer(op, "p", p)
+    c = _params.chunk_size(op, chunk_size, quadratic_default=True)
+
+    def outputs(meta):
+        b, t, hq, _ = _dims(meta, "q", 4)
+        e = _dims(meta, "v", 4)[3]
+        st = _params.state_dtype(meta["q"][1])
+        return {"y": ((b, t, hq, e), st), "l": ((b, t, hq), st), "rowmax": ((b, t, hq), st)}
+
+    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g}, outputs, backend=backend, required=("q", "k", "v"), p=p,
+              scale=_params.scale(op, scale), chunk_size=c)
+    return r["y"], r["l"], r["rowmax"]
+
+
+def _state_pair(op, name, state, *, required):
+    """(S, z) from a tuple/list of two, or a bare S (z = None)."""
+    if state is None:
+        if required:
+            raise TypeError(f"{op}: '{name}' is required: a state (S, z)")
+        return None, None
+    if isinstance(state, (tuple, list)):
+        if len(state) != 2:
+            raise TypeError(f"{op}: '{name}' must be (S, z) or S alone, got a sequence of {len(state)}")
+        return state[0], state[1]
+    return state, None
+
+
+def _intra(op, intra):
+    if intra is None:
+        return None, None, None
+    if not isinstance(intra, (tuple, list)) or len(intra) != 3:
+        raise TypeError(f"{op}: 'intra' must be the (y, l, rowmax) of chunk_attention")
+    return tuple(intra)
