@@ -159,26 +159,10 @@ void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, co
   P.q_tiles = static_cast<int>((std::min(pb.c, pb.t) + kRows - 1) / kRows);
   const int64_t ctas = int64_t(P.q_tiles) * pb.n * pb.hq * pb.b;
   if (ctas == 0) return;
-  auto go = [&](auto type_tag, auto d_tag, auto e_tag) {
+  with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
-    constexpr size_t smem = flash_smem<T, DH, E>();
-    auto kernel = flash_chunk_attention_kernel<T, DH, E>;
-    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    kernel<<<static_cast<unsigned>(ctas), kThreads, smem, lc.stream>>>(P);
-  };
-  auto with_e = [&](auto type_tag, auto d_tag) {
-    if (pb.e == 32) go(type_tag, d_tag, std::integral_constant<int, 32>{});
-    else if (pb.e == 64) go(type_tag, d_tag, std::integral_constant<int, 64>{});
-    else go(type_tag, d_tag, std::integral_constant<int, 128>{});
-  };
-  with_input_type(pb.input_dtype, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (!std::is_same<T, float>::value) {
-      if (pb.d == 32) with_e(T{}, std::integral_constant<int, 32>{});
-      else if (pb.d == 64) with_e(T{}, std::integral_constant<int, 64>{});
-      else with_e(T{}, std::integral_constant<int, 128>{});
-    }
+    launch_with_smem(flash_chunk_attention_kernel<T, DH, E>, ctas, kThreads, flash_smem<T, DH, E>(), lc.stream, P);
   });
   check_launch("flash chunk_attention");
 }

@@ -22,6 +22,34 @@ void with_input_type(int32_t dtype, F&& f) {
   }
 }
 
+// The tensor-core kernels' instantiations: calls f(T{}, DH, E) with T the b16 type of an f16/bf16
+// dtype and DH, E the head dims d, e (each 32, 64 or 128) as std::integral_constant values.
+template <class F>
+void with_b16_head_dims(int32_t dtype, int64_t d, int64_t e, F&& f) {
+  auto pick_e = [&](auto type_tag, auto d_tag) {
+    if (e == 32) f(type_tag, d_tag, std::integral_constant<int, 32>{});
+    else if (e == 64) f(type_tag, d_tag, std::integral_constant<int, 64>{});
+    else f(type_tag, d_tag, std::integral_constant<int, 128>{});
+  };
+  auto pick_d = [&](auto type_tag) {
+    if (d == 32) pick_e(type_tag, std::integral_constant<int, 32>{});
+    else if (d == 64) pick_e(type_tag, std::integral_constant<int, 64>{});
+    else pick_e(type_tag, std::integral_constant<int, 128>{});
+  };
+  if (dtype == EXPANSE_F16) pick_d(__half{});
+  else if (dtype == EXPANSE_BF16) pick_d(__nv_bfloat16{});
+  else throw std::runtime_error("tensor-core kernels take f16 or bf16 inputs");
+}
+
+// Launches a kernel that takes one parameter struct, opting in to more than 48 KB of dynamic
+// shared memory where it needs it.
+template <class Params>
+void launch_with_smem(void (*kernel)(Params), int64_t ctas, int threads, size_t smem, cudaStream_t stream,
+                      const Params& params) {
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  kernel<<<static_cast<unsigned>(ctas), threads, smem, stream>>>(params);
+}
+
 // The reasons every implementation of this backend shares: no f64 (that is the reference's oracle
 // mode), f32 states and gates, indices of phi that fit the table.
 std::string common_declines(const expanse_op& op);

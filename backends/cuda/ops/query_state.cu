@@ -178,21 +178,11 @@ void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_en
   P.scale_p = scale_power(pb);
   const int64_t ctas = int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
   if (ctas == 0) return;
-  auto go = [&](auto type_tag, auto e_tag) {
+  // One instantiation per e (d is a run-time value here): pass d = 32 for the unused DH.
+  with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int E = decltype(e_tag)::value;
-    const size_t smem = mma_query_state_smem<T, E>(P.d);
-    auto kernel = mma_query_state_kernel<T, E>;
-    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    kernel<<<static_cast<unsigned>(ctas), kThreads, smem, lc.stream>>>(P);
-  };
-  with_input_type(pb.input_dtype, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (!std::is_same<T, float>::value) {
-      if (pb.e == 32) go(T{}, std::integral_constant<int, 32>{});
-      else if (pb.e == 64) go(T{}, std::integral_constant<int, 64>{});
-      else go(T{}, std::integral_constant<int, 128>{});
-    }
+    launch_with_smem(mma_query_state_kernel<T, E>, ctas, kThreads, mma_query_state_smem<T, E>(P.d), lc.stream, P);
   });
   check_launch("mma query_state");
 }

@@ -119,26 +119,10 @@ void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, c
   P.row_tiles = static_cast<int>((pb.D + kRows - 1) / kRows);
   const int64_t ctas = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
   if (ctas == 0) return;
-  auto go = [&](auto type_tag, auto d_tag, auto e_tag) {
+  with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
-    constexpr size_t smem = mma_update_state_smem<T, DH, E>();
-    auto kernel = mma_update_state_kernel<T, DH, E>;
-    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    kernel<<<static_cast<unsigned>(ctas), kThreads, smem, lc.stream>>>(P);
-  };
-  auto with_e = [&](auto type_tag, auto d_tag) {
-    if (pb.e == 32) go(type_tag, d_tag, std::integral_constant<int, 32>{});
-    else if (pb.e == 64) go(type_tag, d_tag, std::integral_constant<int, 64>{});
-    else go(type_tag, d_tag, std::integral_constant<int, 128>{});
-  };
-  with_input_type(pb.input_dtype, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (!std::is_same<T, float>::value) {
-      if (pb.d == 32) with_e(T{}, std::integral_constant<int, 32>{});
-      else if (pb.d == 64) with_e(T{}, std::integral_constant<int, 64>{});
-      else with_e(T{}, std::integral_constant<int, 128>{});
-    }
+    launch_with_smem(mma_update_state_kernel<T, DH, E>, ctas, kThreads, mma_update_state_smem<T, DH, E>(), lc.stream, P);
   });
   check_launch("mma update_state");
 }
