@@ -53,6 +53,9 @@ void launch_with_smem(void (*kernel)(Params), int64_t ctas, int threads, size_t 
 // The reasons every implementation of this backend shares: no f64 (that is the reference's oracle
 // mode), f32 states and gates, indices of phi that fit the table.
 std::string common_declines(const expanse_op& op);
+// Whether the Hopper kernels (wgmma, sm_90a) can run on this device: compute capability 9.0 and a
+// build that includes sm_90a code (ops/phi_table.cu).
+bool sm90a_available(const device_props& props);
 inline bool is_f32(const expanse_tensor* t) { return t == nullptr || t->dtype == EXPANSE_F32; }
 
 // The phi table of the problem's p, d and layout, built in the workspace (ops/phi_table.cu).

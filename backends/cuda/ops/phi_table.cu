@@ -94,6 +94,26 @@ std::string common_declines(const expanse_op& op) {
   return {};
 }
 
+// An empty kernel whose loaded code tells which architecture this module was built for on a device.
+__global__ void probe_architecture_kernel() {}
+
+bool sm90a_available(const device_props& props) {
+#ifndef EXPANSE_CUDA_HAS_SM90A  // set by CMake when the architectures include 90a
+  (void)props;
+  return false;
+#else
+  if (props.cc_major != 9 || props.cc_minor != 0) return false;
+  // Evaluated on the first compute capability 9.0 device: the code loaded for it is sm_90a's
+  // (binary version 90), not a newer architecture's PTX compiled at load time.
+  static const bool present = [] {
+    cudaFuncAttributes attributes{};
+    return cudaFuncGetAttributes(&attributes, probe_architecture_kernel) == cudaSuccess &&
+           attributes.binaryVersion == 90;
+  }();
+  return present;
+#endif
+}
+
 expanse_tensor f32_view(float* data, std::initializer_list<int64_t> shape, int32_t device) {
   expanse_tensor t{};
   t.data = data;

@@ -3,8 +3,8 @@
 //   2. update_state -> per-chunk states; discumsum in place     states entering each chunk, final state
 //   3. query_state with the intra terms -> o                    inter-chunk terms, combined, normalized
 // The quadratic form is the same with one chunk (c = t): step 2 then only runs for an initial or
-// final state. Each step uses its fastest kernel that takes the shape (mma/flash), else its simple
-// kernel.
+// final state. Each step uses its fastest kernel that takes the shape (wgmma/mma/flash), else its
+// simple kernel.
 #include "ops/op_common.hpp"
 #include "ops/state_ops.hpp"
 
@@ -75,10 +75,7 @@ void run(const expanse_op& op, launch_context& lc) {
     const expanse_tensor Sv = f32_view(S, {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
     expanse_tensor zv{};
     if (z) zv = f32_view(z, {pb.b, pb.n, pb.h, pb.D}, dev);
-    if (mma_update_state_declines(pb, *a.k, *a.v, Sv, z ? &zv : nullptr, lc.props).empty())
-      launch_mma_update_state(*a.k, *a.v, g, table, pb, Sv, z ? &zv : nullptr, lc);
-    else
-      launch_simple_update_state(*a.k, *a.v, g, table, pb, Sv, zv, lc.stream);
+    launch_update_state(*a.k, *a.v, g, table, pb, Sv, z ? &zv : nullptr, lc);
     expanse_tensor A{};
     if (g.total) A = totals_view(g, pb, dev);
     launch_discumsum(Sv, A, with_chunk_axis(a.initial_S), Sv, with_chunk_axis(a.final_S), pb.n, EXPANSE_F32, lc.stream);
@@ -88,10 +85,7 @@ void run(const expanse_op& op, launch_context& lc) {
   }
 
   // 3. Inter-chunk terms combined with the intra-chunk ones.
-  if (need_states && mma_query_state_declines(pb, qin, lc.props).empty())
-    launch_mma_query_state(qin, g, table, pb, pb.normalize != 0, lc);
-  else
-    launch_simple_query_state(qin, g, table, pb, pb.normalize != 0, lc.stream);
+  launch_query_state(qin, g, table, pb, pb.normalize != 0, lc);
 }
 
 }  // namespace

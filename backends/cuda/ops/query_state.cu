@@ -1,9 +1,11 @@
 // query_state: o_i = phi(scale q_i)^T S_m exp(Gc_i) [+ intra] [/ (... z ... + intra den)].
-// Implementations, best first: "mma" (expand-MMA on tensor cores, f16/bf16), "simple" (one warp
-// per query token and head, any shape and dtype).
+// Implementations, best first: "wgmma" (expand-MMA on Hopper's warpgroup tensor cores), "mma"
+// (expand-MMA on tensor cores of sm_80 and later), "simple" (one warp per query token and head, any
+// shape and dtype). The two expand-MMA kernels take the same shapes.
 #include <cmath>
 
 #include "kernels/portable/mma_query_state.cuh"
+#include "kernels/sm90/wgmma_query_state.cuh"
 #include "ops/op_common.hpp"
 #include "ops/state_ops.hpp"
 
@@ -95,21 +97,24 @@ void simple_run(const expanse_op& op, launch_context& lc) {
   launch_simple_query_state(inputs_of(a), g, table, pb, pb.normalize != 0, lc.stream);
 }
 
-std::string mma_declines(const expanse_op& op, const device_props& props) {
+template <std::string (*kernel_declines)(const expanse_problem&, const query_inputs&, const device_props&)>
+std::string tensor_core_declines(const expanse_op& op, const device_props& props) {
   const auto& a = *static_cast<const expanse_query_state_args*>(op.args);
   std::string why = common_declines(op);
   if (why.empty()) why = f32_declines(a);
-  if (why.empty()) why = mma_query_state_declines(*op.problem, inputs_of(a), props);
+  if (why.empty()) why = kernel_declines(*op.problem, inputs_of(a), props);
   return why;
 }
 
-void mma_run(const expanse_op& op, launch_context& lc) {
+template <void (*launch)(const query_inputs&, const gates&, const phi_entry*, const expanse_problem&, bool,
+                         launch_context&)>
+void tensor_core_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = *static_cast<const expanse_query_state_args*>(op.args);
   const phi_entry* table = make_phi_table(pb, lc);
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   if (lc.ws.sizing()) return;
-  launch_mma_query_state(inputs_of(a), g, table, pb, pb.normalize != 0, lc);
+  launch(inputs_of(a), g, table, pb, pb.normalize != 0, lc);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -147,9 +152,9 @@ std::string mma_query_state_declines(const expanse_problem& pb, const query_inpu
   return {};
 }
 
-void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_entry* table, const expanse_problem& pb,
-                            bool normalize, launch_context& lc) {
-  using namespace mma_query_state_cfg;
+// The parameters of both expand-MMA kernels (tok_tiles: set by the launcher).
+static mma_query_state_params query_state_params(const query_inputs& in, const gates& g, const phi_entry* table,
+                                          const expanse_problem& pb, bool normalize) {
   mma_query_state_params P{};
   P.q = in.q.data;
   P.q_sb = in.q.strides[0]; P.q_st = in.q.strides[1]; P.q_sh = in.q.strides[2];
@@ -174,8 +179,15 @@ void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_en
   P.g = g; P.table = table;
   P.t = pb.t; P.c = pb.c; P.n = pb.n; P.h = pb.h; P.hq = pb.hq; P.D = pb.D;
   P.d = static_cast<int>(pb.d); P.p = pb.p; P.normalize = normalize ? 1 : 0;
-  P.tok_tiles = static_cast<int>((pb.c + kTokens - 1) / kTokens);
   P.scale_p = scale_power(pb);
+  return P;
+}
+
+void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_entry* table, const expanse_problem& pb,
+                            bool normalize, launch_context& lc) {
+  using namespace mma_query_state_cfg;
+  mma_query_state_params P = query_state_params(in, g, table, pb, normalize);
+  P.tok_tiles = static_cast<int>((pb.c + kTokens - 1) / kTokens);
   const int64_t ctas = int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
   if (ctas == 0) return;
   // One instantiation per e (d is a run-time value here): pass d = 32 for the unused DH.
@@ -187,8 +199,45 @@ void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_en
   check_launch("mma query_state");
 }
 
+std::string wgmma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props) {
+  if (!sm90a_available(props)) return "needs a compute capability 9.0 device and this build's sm_90a code";
+  return mma_query_state_declines(pb, in, props);
+}
+
+void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_entry* table,
+                              const expanse_problem& pb, bool normalize, launch_context& lc) {
+  using namespace wgmma_query_state_cfg;
+  mma_query_state_params P = query_state_params(in, g, table, pb, normalize);
+  P.tok_tiles = static_cast<int>((pb.c + kTokens - 1) / kTokens);
+  const int64_t ctas = int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
+  if (ctas == 0) return;
+  with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
+    using T = decltype(type_tag);
+    constexpr int E = decltype(e_tag)::value;
+    auto launch = [&](auto kernel) {
+      launch_with_smem(kernel, ctas, kThreads, wgmma_query_state_smem<T, E>(P.d), lc.stream, P);
+    };
+    if (pb.p <= 2) launch(wgmma_query_state_kernel<T, E, 2>);
+    else launch(wgmma_query_state_kernel<T, E, 4>);
+  });
+  check_launch("wgmma query_state");
+}
+
+void launch_query_state(const query_inputs& in, const gates& g, const phi_entry* table, const expanse_problem& pb,
+                        bool normalize, launch_context& lc) {
+  if (wgmma_query_state_declines(pb, in, lc.props).empty())
+    launch_wgmma_query_state(in, g, table, pb, normalize, lc);
+  else if (mma_query_state_declines(pb, in, lc.props).empty())
+    launch_mma_query_state(in, g, table, pb, normalize, lc);
+  else
+    launch_simple_query_state(in, g, table, pb, normalize, lc.stream);
+}
+
 const std::vector<implementation>& query_state_impls() {
-  static const std::vector<implementation> list = {{"mma", mma_declines, mma_run}, {"simple", simple_declines, simple_run}};
+  static const std::vector<implementation> list = {
+      {"wgmma", tensor_core_declines<wgmma_query_state_declines>, tensor_core_run<launch_wgmma_query_state>},
+      {"mma", tensor_core_declines<mma_query_state_declines>, tensor_core_run<launch_mma_query_state>},
+      {"simple", simple_declines, simple_run}};
   return list;
 }
 

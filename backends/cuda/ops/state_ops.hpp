@@ -18,6 +18,15 @@ std::string mma_update_state_declines(const expanse_problem& pb, const expanse_t
 void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
                              const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                              launch_context& lc);
+std::string wgmma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
+                                        const expanse_tensor& S, const expanse_tensor* z, const device_props& props);
+void launch_wgmma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
+                               const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
+                               launch_context& lc);
+// The fastest of the three that takes the problem.
+void launch_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
+                         const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
+                         launch_context& lc);
 
 // discumsum (ops/discumsum.cu): for m < n, Y_m (the state entering m) is written to Y's slot m and
 // Y_n to `final` (when its data is non-null). X and Y may be the same memory (in place). A is read
@@ -36,6 +45,12 @@ void launch_simple_query_state(const query_inputs& in, const gates& g, const phi
 std::string mma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
 void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_entry* table, const expanse_problem& pb,
                             bool normalize, launch_context& lc);
+std::string wgmma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
+void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_entry* table,
+                              const expanse_problem& pb, bool normalize, launch_context& lc);
+// The fastest of the three that takes the problem.
+void launch_query_state(const query_inputs& in, const gates& g, const phi_entry* table, const expanse_problem& pb,
+                        bool normalize, launch_context& lc);
 
 // chunk_attention (ops/chunk_attention.cu).
 struct attention_inputs {

@@ -1,7 +1,9 @@
 // update_state: chunk states S_m = sum_j exp(A_m - Gc_j) phi(k_j) v_j^T and z_m likewise.
-// Implementations, best first: "mma" (expand-MMA on tensor cores, f16/bf16), "simple" (any
-// shape and dtype, one thread per state entry).
+// Implementations, best first: "wgmma" (expand-MMA on Hopper's warpgroup tensor cores), "mma"
+// (expand-MMA on tensor cores of sm_80 and later), "simple" (any shape and dtype, one thread per
+// state entry). The two expand-MMA kernels take the same shapes (f16/bf16, d and e in {32, 64, 128}).
 #include "kernels/portable/mma_update_state.cuh"
+#include "kernels/sm90/wgmma_update_state.cuh"
 #include "ops/op_common.hpp"
 #include "ops/state_ops.hpp"
 
@@ -49,20 +51,44 @@ void simple_run(const expanse_op& op, launch_context& lc) {
   launch_simple_update_state(*a.k, *a.v, g, table, pb, *a.S, a.z ? *a.z : none, lc.stream);
 }
 
-std::string mma_declines(const expanse_op& op, const device_props& props) {
+template <std::string (*kernel_declines)(const expanse_problem&, const expanse_tensor&, const expanse_tensor&,
+                                         const expanse_tensor&, const expanse_tensor*, const device_props&)>
+std::string tensor_core_declines(const expanse_op& op, const device_props& props) {
   const auto& a = *static_cast<const expanse_update_state_args*>(op.args);
   std::string why = common_declines(op);
-  if (why.empty()) why = mma_update_state_declines(*op.problem, *a.k, *a.v, *a.S, a.z, props);
+  if (why.empty()) why = kernel_declines(*op.problem, *a.k, *a.v, *a.S, a.z, props);
   return why;
 }
 
-void mma_run(const expanse_op& op, launch_context& lc) {
+template <void (*launch)(const expanse_tensor&, const expanse_tensor&, const gates&, const phi_entry*,
+                         const expanse_problem&, const expanse_tensor&, const expanse_tensor*, launch_context&)>
+void tensor_core_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = *static_cast<const expanse_update_state_args*>(op.args);
   const phi_entry* table = make_phi_table(pb, lc);
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   if (lc.ws.sizing()) return;
-  launch_mma_update_state(*a.k, *a.v, g, table, pb, *a.S, a.z, lc);
+  launch(*a.k, *a.v, g, table, pb, *a.S, a.z, lc);
+}
+
+// The parameters of both expand-MMA kernels, for CTAs of `rows` rows of phi.
+mma_update_state_params update_state_params(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
+                                            const phi_entry* table, const expanse_problem& pb, const expanse_tensor& S,
+                                            const expanse_tensor* z, int rows) {
+  mma_update_state_params P{};
+  P.k = k.data; P.v = v.data;
+  P.k_sb = k.strides[0]; P.k_st = k.strides[1]; P.k_sh = k.strides[2];
+  P.v_sb = v.strides[0]; P.v_st = v.strides[1]; P.v_sh = v.strides[2];
+  P.g = g; P.table = table;
+  P.S = static_cast<float*>(S.data);
+  P.S_sb = S.strides[0]; P.S_sn = S.strides[1]; P.S_sh = S.strides[2]; P.S_sD = S.strides[3];
+  if (z != nullptr && z->data != nullptr) {
+    P.z = static_cast<float*>(z->data);
+    P.z_sb = z->strides[0]; P.z_sn = z->strides[1]; P.z_sh = z->strides[2]; P.z_sD = z->strides[3];
+  }
+  P.t = pb.t; P.c = pb.c; P.n = pb.n; P.h = pb.h; P.D = pb.D; P.d = static_cast<int>(pb.d); P.p = pb.p;
+  P.row_tiles = static_cast<int>((pb.D + rows - 1) / rows);
+  return P;
 }
 
 }  // namespace
@@ -104,19 +130,7 @@ void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, c
                              const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                              launch_context& lc) {
   using namespace mma_update_state_cfg;
-  mma_update_state_params P{};
-  P.k = k.data; P.v = v.data;
-  P.k_sb = k.strides[0]; P.k_st = k.strides[1]; P.k_sh = k.strides[2];
-  P.v_sb = v.strides[0]; P.v_st = v.strides[1]; P.v_sh = v.strides[2];
-  P.g = g; P.table = table;
-  P.S = static_cast<float*>(S.data);
-  P.S_sb = S.strides[0]; P.S_sn = S.strides[1]; P.S_sh = S.strides[2]; P.S_sD = S.strides[3];
-  if (z != nullptr && z->data != nullptr) {
-    P.z = static_cast<float*>(z->data);
-    P.z_sb = z->strides[0]; P.z_sn = z->strides[1]; P.z_sh = z->strides[2]; P.z_sD = z->strides[3];
-  }
-  P.t = pb.t; P.c = pb.c; P.n = pb.n; P.h = pb.h; P.D = pb.D; P.d = static_cast<int>(pb.d); P.p = pb.p;
-  P.row_tiles = static_cast<int>((pb.D + kRows - 1) / kRows);
+  const mma_update_state_params P = update_state_params(k, v, g, table, pb, S, z, kRows);
   const int64_t ctas = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
   if (ctas == 0) return;
   with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
@@ -127,8 +141,49 @@ void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, c
   check_launch("mma update_state");
 }
 
+std::string wgmma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
+                                        const expanse_tensor& S, const expanse_tensor* z, const device_props& props) {
+  if (!sm90a_available(props)) return "needs a compute capability 9.0 device and this build's sm_90a code";
+  return mma_update_state_declines(pb, k, v, S, z, props);
+}
+
+void launch_wgmma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
+                               const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
+                               launch_context& lc) {
+  using namespace wgmma_update_state_cfg;
+  const mma_update_state_params P = update_state_params(k, v, g, table, pb, S, z, kRows);
+  const int64_t ctas = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
+  if (ctas == 0) return;
+  with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
+    using T = decltype(type_tag);
+    constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
+    auto launch = [&](auto kernel) {
+      launch_with_smem(kernel, ctas, kThreads, wgmma_update_state_smem<T, DH, E>(), lc.stream, P);
+    };
+    if (pb.p <= 2) launch(wgmma_update_state_kernel<T, DH, E, 2>);
+    else launch(wgmma_update_state_kernel<T, DH, E, 4>);
+  });
+  check_launch("wgmma update_state");
+}
+
+void launch_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
+                         const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
+                         launch_context& lc) {
+  if (wgmma_update_state_declines(pb, k, v, S, z, lc.props).empty()) {
+    launch_wgmma_update_state(k, v, g, table, pb, S, z, lc);
+  } else if (mma_update_state_declines(pb, k, v, S, z, lc.props).empty()) {
+    launch_mma_update_state(k, v, g, table, pb, S, z, lc);
+  } else {
+    expanse_tensor none{};
+    launch_simple_update_state(k, v, g, table, pb, S, z ? *z : none, lc.stream);
+  }
+}
+
 const std::vector<implementation>& update_state_impls() {
-  static const std::vector<implementation> list = {{"mma", mma_declines, mma_run}, {"simple", simple_declines, simple_run}};
+  static const std::vector<implementation> list = {
+      {"wgmma", tensor_core_declines<wgmma_update_state_declines>, tensor_core_run<launch_wgmma_update_state>},
+      {"mma", tensor_core_declines<mma_update_state_declines>, tensor_core_run<launch_mma_update_state>},
+      {"simple", simple_declines, simple_run}};
   return list;
 }
 

@@ -70,6 +70,36 @@ __device__ __forceinline__ float combine_output(float num, float den, bool intra
   return den != 0.f ? num / den : 0.f;
 }
 
+// Writes token i's outputs from its raw accumulators (of an m16n8 layout: this lane has columns
+// 8 nt + 2 tq + u; num(nt, u) returns them) and raw denominator: applies the decay exp(Gc_i) and
+// scale^p, adds the intra-chunk term and normalizes.
+template <class T, int kNT, class Num>
+__device__ __forceinline__ void store_query_output(const mma_query_state_params& P, T* obase, int64_t batch,
+                                                   int64_t qh, int64_t bh, int64_t i, int tq, float den, Num num) {
+  const float f = P.scale_p * (P.g.Gc ? __expf(P.g.Gc[bh * P.t + i]) : 1.f);
+  den *= f;
+  float lv = 0.f, rm = 0.f;
+  const bool intra = P.y != nullptr;
+  if (intra) {
+    rm = P.rowmax[batch * P.r_sb + i * P.r_st + qh * P.r_sh];
+    if (P.l) lv = P.l[batch * P.l_sb + i * P.l_st + qh * P.l_sh];
+  }
+  const bool normalize = P.normalize != 0;
+  T* out = obase + i * P.o_st;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const int col = nt * 8 + 2 * tq;
+    float yv0 = 0.f, yv1 = 0.f;
+    if (intra) {
+      const float* yrow = P.y + batch * P.y_sb + i * P.y_st + qh * P.y_sh;
+      yv0 = yrow[col * P.y_se];
+      yv1 = yrow[(col + 1) * P.y_se];
+    }
+    out[col * P.o_se] = from_f32<T>(combine_output(num(nt, 0) * f, den, intra, yv0, lv, rm, normalize));
+    out[(col + 1) * P.o_se] = from_f32<T>(combine_output(num(nt, 1) * f, den, intra, yv1, lv, rm, normalize));
+  }
+}
+
 template <class T, int E>
 __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_params P) {
   using namespace mma_query_state_cfg;
@@ -111,7 +141,7 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
   const float* zbase = P.z ? P.z + batch * P.z_sb + m * P.z_sn + kv * P.z_sh : nullptr;
   float4 sreg[kSVec];
   float creg[kSVec];
-  float zreg = 0.f;
+  float zreg = 0.f, zcoef = 0.f;  // multiplied at the store: no arithmetic waits on loads early
   int ireg[4] = {0, 0, 0, 0};
   auto load_step = [&](int64_t r0) {
 #pragma unroll
@@ -125,11 +155,13 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
       const int64_t r = r0 + tid;
       if (r < P.D) {
         const phi_entry e = P.table[r];
-        zreg = zbase ? zbase[r * P.z_sD] * e.coef : 0.f;
+        zreg = zbase ? zbase[r * P.z_sD] : 0.f;
+        zcoef = e.coef;
 #pragma unroll
         for (int k = 0; k < 4; ++k) ireg[k] = e.idx[k];
       } else {
         zreg = 0.f;
+        zcoef = 0.f;
 #pragma unroll
         for (int k = 0; k < 4; ++k) ireg[k] = 0;
       }
@@ -147,7 +179,7 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
     }
     if (tid < kRowsK) {
       uint4 zr = make_uint4(0, 0, 0, 0);
-      reinterpret_cast<T*>(&zr)[0] = from_f32<T>(zreg);
+      reinterpret_cast<T*>(&zr)[0] = from_f32<T>(zreg * zcoef);
       *reinterpret_cast<uint4*>(sb0 + buf * sb_size + tid * kSS + E) = zr;
 #pragma unroll
       for (int k = 0; k < 4; ++k) sidx0[buf * sidx_size + tid * 4 + k] = ireg[k];
@@ -223,39 +255,17 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
     __syncthreads();
   }
 
-  // Epilogue: decay, scale^p, the intra-chunk term, normalization.
+  // Epilogue: decay, scale^p, the intra-chunk term, normalization (den: column E, held by tq = 0).
   T* obase = static_cast<T*>(P.o) + batch * P.o_sb + qh * P.o_sh;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int local = warp * 32 + mt * 16 + hf * 8 + g;
-      float den = __shfl_sync(0xffffffffu, acc[mt][kNT][2 * hf], lane & ~3);
+      const float den = __shfl_sync(0xffffffffu, acc[mt][kNT][2 * hf], lane & ~3);
       if (local >= ntok) continue;
-      const int64_t i = tok0 + local;
-      const float f = P.scale_p * (P.g.Gc ? __expf(P.g.Gc[bh * P.t + i]) : 1.f);
-      den *= f;
-      float lv = 0.f, rm = 0.f;
-      const bool intra = P.y != nullptr;
-      if (intra) {
-        rm = P.rowmax[batch * P.r_sb + i * P.r_st + qh * P.r_sh];
-        if (P.l) lv = P.l[batch * P.l_sb + i * P.l_st + qh * P.l_sh];
-      }
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const int col = nt * 8 + 2 * tq;
-        float yv0 = 0.f, yv1 = 0.f;
-        if (intra) {
-          const float* yrow = P.y + batch * P.y_sb + i * P.y_st + qh * P.y_sh;
-          yv0 = yrow[col * P.y_se];
-          yv1 = yrow[(col + 1) * P.y_se];
-        }
-        const float o0 = combine_output(acc[mt][nt][2 * hf] * f, den, intra, yv0, lv, rm, want_z);
-        const float o1 = combine_output(acc[mt][nt][2 * hf + 1] * f, den, intra, yv1, lv, rm, want_z);
-        T* out = obase + i * P.o_st;
-        out[col * P.o_se] = from_f32<T>(o0);
-        out[(col + 1) * P.o_se] = from_f32<T>(o1);
-      }
+      store_query_output<T, kNT>(P, obase, batch, qh, bh, tok0 + local, tq, den,
+                                 [&](int nt, int u) { return acc[mt][nt][2 * hf + u]; });
     }
 }
 

@@ -40,6 +40,29 @@ constexpr int kTok = 64;    // tokens per K step
 constexpr int kTokPad = kTok + 8;
 }  // namespace mma_update_state_cfg
 
+// Stores the keys of tokens (2 sp, 2 sp + 1), features 8 c8 .. 8 c8 + 7 (one 16-byte vector each),
+// transposed: one 32-bit word of both tokens per feature row of `kb` (row stride kTokPad).
+template <class T, int kTokPad>
+__device__ __forceinline__ void store_key_pair(T* kb, const uint4 (&keys)[2], int sp, int c8) {
+  const T* e0 = reinterpret_cast<const T*>(&keys[0]);
+  const T* e1 = reinterpret_cast<const T*>(&keys[1]);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) *reinterpret_cast<uint32_t*>(kb + (c8 * 8 + j) * kTokPad + 2 * sp) = pack2(e0[j], e1[j]);
+}
+
+// Writes row r of the chunk state (and of z) times its coefficient cf, from this lane's accumulators
+// of an m16n8 layout: acc(nt, u) is column 8 nt + 2 tq + u; column E (nt = kNT, held by tq = 0) is z.
+template <int kNT, class Acc>
+__device__ __forceinline__ void store_state_row(const mma_update_state_params& P, int64_t batch, int64_t m,
+                                                int64_t head, int64_t r, float cf, int tq, Acc acc) {
+  if (r >= P.D) return;
+  float* out = P.S + batch * P.S_sb + m * P.S_sn + head * P.S_sh + r * P.S_sD;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+    *reinterpret_cast<float2*>(out + nt * 8 + 2 * tq) = make_float2(acc(nt, 0) * cf, acc(nt, 1) * cf);
+  if (P.z != nullptr && tq == 0) P.z[batch * P.z_sb + m * P.z_sn + head * P.z_sh + r * P.z_sD] = acc(kNT, 0) * cf;
+}
+
 // Shared memory bytes for d and E.
 template <class T, int DH, int E>
 constexpr size_t mma_update_state_smem() {
@@ -101,11 +124,12 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
   constexpr int kpairs = kTok / 2 * d / 8, vvec = kTok * E / 8;
   constexpr int kMaxKV = (kpairs + kThreads - 1) / kThreads, kMaxVV = (vvec + kThreads - 1) / kThreads;
   uint4 kreg[kMaxKV][2], vreg[kMaxVV];
-  float wreg[kMaxVV];
-  float zreg = 0.f;
+  float gcreg[kMaxVV];  // Gc as loaded: no arithmetic on loads before the store (no waiting on them)
+  float zgc = 0.f;
   const T* kbase = static_cast<const T*>(P.k) + batch * P.k_sb + head * P.k_sh;
   const T* vbase = static_cast<const T*>(P.v) + batch * P.v_sb + head * P.v_sh;
-  auto gate = [&](int64_t s) { return s < len ? (P.g.Gc ? __expf(A - P.g.Gc[bh * P.t + first + s]) : 1.f) : 0.f; };
+  auto gc_of = [&](int64_t s) { return P.g.Gc && s < len ? P.g.Gc[bh * P.t + first + s] : 0.f; };
+  auto gate = [&](int64_t s, float gc) { return s < len ? (P.g.Gc ? __expf(A - gc) : 1.f) : 0.f; };
 
   auto load_step = [&](int64_t s0) {
 #pragma unroll
@@ -127,25 +151,18 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
         const int s = vi / (E / 8), c8 = vi % (E / 8);
         const bool in = s0 + s < len;
         vreg[i] = in ? *reinterpret_cast<const uint4*>(vbase + (first + s0 + s) * P.v_st + c8 * 8) : make_uint4(0, 0, 0, 0);
-        wreg[i] = gate(s0 + s);
+        gcreg[i] = gc_of(s0 + s);
       }
     }
-    if (tid < kTok) zreg = gate(s0 + tid);
+    if (tid < kTok) zgc = gc_of(s0 + tid);
   };
-  auto store_step = [&](int buf) {
+  auto store_step = [&](int buf, int64_t s0) {
     T* const kb = kT0 + buf * kT_size;
     T* const vb = vs0 + buf * vs_size;
 #pragma unroll
     for (int i = 0; i < kMaxKV; ++i) {
       const int vi = tid + i * kThreads;
-      if (vi < kpairs) {
-        const int sp = vi % (kTok / 2), c8 = vi / (kTok / 2);
-        const T* e0 = reinterpret_cast<const T*>(&kreg[i][0]);
-        const T* e1 = reinterpret_cast<const T*>(&kreg[i][1]);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<uint32_t*>(kb + (c8 * 8 + j) * kTokPad + 2 * sp) = pack2(e0[j], e1[j]);
-      }
+      if (vi < kpairs) store_key_pair<T, kTokPad>(kb, kreg[i], vi % (kTok / 2), vi / (kTok / 2));
     }
 #pragma unroll
     for (int i = 0; i < kMaxVV; ++i) {
@@ -156,13 +173,15 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
         uint4 out;
         T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) o[j] = from_f32<T>(to_f32(e[j]) * wreg[i]);
+        const float w = gate(s0 + s, gcreg[i]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = from_f32<T>(to_f32(e[j]) * w);
         *reinterpret_cast<uint4*>(vb + s * kVS + c8 * 8) = out;
       }
     }
     if (tid < kTok) {
       uint4 zr = make_uint4(0, 0, 0, 0);
-      reinterpret_cast<T*>(&zr)[0] = from_f32<T>(zreg);
+      reinterpret_cast<T*>(&zr)[0] = from_f32<T>(gate(s0 + tid, zgc));
       *reinterpret_cast<uint4*>(vb + tid * kVS + E) = zr;
     }
   };
@@ -178,7 +197,7 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
   const bool want_z = P.z != nullptr;
   const int64_t steps = (len + kTok - 1) / kTok;
   load_step(0);
-  store_step(0);
+  store_step(0, 0);
   __syncthreads();
   for (int64_t step = 0; step < steps; ++step) {
     const int buf = static_cast<int>(step & 1);
@@ -219,27 +238,17 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
         for (int mt = 0; mt < 2; ++mt) mma_16816<T>(acc[mt][kNT], a[mt], b);
       }
     }
-    if (step + 1 < steps) store_step(buf ^ 1);
+    if (step + 1 < steps) store_step(buf ^ 1, (step + 1) * kTok);
     __syncthreads();
   }
 
   // Epilogue: rows times their coefficient, f32 out.
-  float* Sbase = P.S + batch * P.S_sb + m * P.S_sn + head * P.S_sh;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int64_t r = rows[mt][hf];
-      if (r >= P.D) continue;
-      const float cf = coef[mt][hf];
-      float* out = Sbase + r * P.S_sD;
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-        *reinterpret_cast<float2*>(out + nt * 8 + 2 * tq) =
-            make_float2(acc[mt][nt][2 * hf] * cf, acc[mt][nt][2 * hf + 1] * cf);
-      if (want_z && tq == 0)
-        P.z[batch * P.z_sb + m * P.z_sn + head * P.z_sh + r * P.z_sD] = acc[mt][kNT][2 * hf] * cf;
-    }
+    for (int hf = 0; hf < 2; ++hf)
+      store_state_row<kNT>(P, batch, m, head, rows[mt][hf], coef[mt][hf], tq,
+                           [&](int nt, int u) { return acc[mt][nt][2 * hf + u]; });
 }
 
 }  // namespace expanse_cuda
