@@ -35,14 +35,19 @@ if has sanitize; then
 fi
 if has bench; then
   # Results as bench/results/*.jsonl lines, each with the device (in the line), commit and date.
-  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  commit=${EXPANSE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}  # the copy may lack .git
   stamp() { python3 -c 'import json,sys; [print(json.dumps({**json.loads(l), "commit": sys.argv[1], "date": sys.argv[2]})) for l in sys.stdin if l.startswith("{")]' "$commit" "$(date -u +%F)"; }
-  $exe bench power_attention --backend cuda --ts 4096,16384,65536 --chunk 1024 --reps 30 | stamp | tee "$out/p1_power_attention.jsonl"
-  for op in update_state query_state chunk_attention discumsum; do
-    $exe bench $op --backend cuda --ts 4096,16384,65536 --chunk 1024 --reps 30 | stamp | tee "$out/p1_${op}.jsonl"
+  # Both feature-map layouts: exact sympow (D = 2080) and tiled:8 (D = 2304, the tensor-core layout).
+  for layout in sympow tiled:8; do
+    $exe bench power_attention --backend cuda --ts 4096,16384,65536 --chunk 512 --layout $layout --reps 30 | stamp |
+      tee -a "$out/p1_power_attention.jsonl"
+    for op in update_state query_state chunk_attention discumsum; do
+      $exe bench $op --backend cuda --ts 4096,16384,65536 --chunk 1024 --layout $layout --reps 30 | stamp |
+        tee -a "$out/p1_core_ops.jsonl"
+    done
   done
   $exe bench power_attention_step --backend cuda --reps 30 | stamp | tee "$out/p1_power_attention_step.jsonl"
-  for c in 256 512 2048; do
+  for c in 256 1024 2048; do
     $exe bench power_attention --backend cuda --ts 4096,16384,65536 --chunk $c --reps 20 | stamp | tee -a "$out/p1_chunk_sweep.jsonl"
   done
   $exe bench power_attention --backend cuda --ts 1024,4096 --chunk 0 --reps 20 | stamp | tee -a "$out/p1_chunk_sweep.jsonl"
