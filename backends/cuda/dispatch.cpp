@@ -33,9 +33,16 @@ const implementation* choose(const expanse_op& op, const device_props& props, st
     const char* v = std::getenv("EXPANSE_CUDA_VERBOSE");
     return v != nullptr && v[0] != '\0' && v[0] != '0';
   }();
+  // EXPANSE_CUDA_SKIP: comma-separated implementation names to pass over (to test or time the
+  // ones behind them); a skipped implementation declines with that reason.
+  static const std::string skip = [] {
+    const char* v = std::getenv("EXPANSE_CUDA_SKIP");
+    return v ? "," + std::string(v) + "," : std::string();
+  }();
   std::string why;
   for (const implementation& impl : list_of(op.kind)) {
-    const std::string reason = impl.declines(op, props);
+    const bool skipped = skip.find("," + std::string(impl.name) + ",") != std::string::npos;
+    const std::string reason = skipped ? "skipped (EXPANSE_CUDA_SKIP)" : impl.declines(op, props);
     if (reason.empty()) {
       if (verbose) std::fprintf(stderr, "expanse cuda: %s -> %s\n", op_name(op.kind), impl.name);
       return &impl;

@@ -1,7 +1,8 @@
 // The CUDA backend's dispatch: for each operation an ordered list of implementations, fastest first
 // (oneDNN's implementation lists). The first whose `declines` returns no reason runs the problem;
 // when every one declines, the reasons are joined into the "unsupported" message, so a user sees why
-// no kernel took the problem. Set EXPANSE_CUDA_VERBOSE=1 to print which implementation runs.
+// no kernel took the problem. Set EXPANSE_CUDA_VERBOSE=1 to print which implementation runs, and
+// EXPANSE_CUDA_SKIP=name,... to pass over implementations (tests and timings of the ones behind).
 #pragma once
 
 #include <cuda_runtime.h>

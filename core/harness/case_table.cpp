@@ -110,10 +110,15 @@ std::vector<op_config> standard_cases() {
       {EXPANSE_OP_UPDATE_STATE, EXPANSE_F16, 3, 32, 32, 70, 32, tiled(8)},
       {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 1, 128, 128, 100, 64, kSympow},
       {EXPANSE_OP_UPDATE_STATE, EXPANSE_F16, 4, 32, 32, 40, 16, kSympow},
+      {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 2, 32, 128, 333, 256, kSympow},  // blocks, ragged last row tile
+      {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 3, 32, 64, 100, 64, tiled(8)},
+      {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 4, 32, 32, 24, 16, tiled(8)},
       {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
       {EXPANSE_OP_QUERY_STATE, EXPANSE_F16, 2, 128, 32, 150, 64, kSympow},
       {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 3, 32, 128, 70, 32, tiled(8)},
       {EXPANSE_OP_QUERY_STATE, EXPANSE_F16, 4, 32, 64, 40, 16, tiled(8)},
+      {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 4, 16, 64, 50, 32, tiled(8)},
+      {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 2, 64, 32, 520, 512, kSympow},  // 256-token tiles, ragged
       {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
       {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_F16, 3, 128, 32, 150, 0, tiled(8)},
       {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_BF16, 4, 32, 128, 200, 96, tiled(8)},

@@ -53,6 +53,26 @@ struct phi_entry {
 };
 static_assert(sizeof(phi_entry) == 16, "phi_entry is 16 bytes");
 
+// The same expansion seen as blocks of 64 rows with one shape, for the Hopper kernels that form phi
+// from a few wide shared-memory loads (kernels/sm90/blocked_*): row 8 G + l (G, l < 8) of a block is
+//   coef * x[fixed[0]] * x[fixed[1]] * x[mid + G] * x[last + l]      (a fixed index d is a factor of 1),
+// mid and last multiples of 8. The tiled layout with d_tile 8 is such blocks as it stands (p >= 2);
+// the symmetric layout is read through the tiled:8 rows that are non-decreasing multi-indices (the
+// others are padding: row -1). Built by make_phi_tables (ops/phi_table.cu).
+struct phi_block {
+  uint16_t fixed[2];
+  uint16_t mid, last;
+};
+struct phi_block_row {
+  int32_t row;  // the row of the layout, -1: padding
+  float coef;   // 0 for padding
+};
+struct phi_blocks {
+  const phi_block* block = nullptr;
+  const phi_block_row* row = nullptr;  // 64 per block
+  int64_t count = 0;                   // 0: the layout has no block form
+};
+
 template <class X>  // X(i) returns x_i as float
 __device__ __forceinline__ float phi_value(const phi_entry& row, int p, X x) {
   float v = row.coef;
@@ -84,6 +104,20 @@ struct gates {
 inline unsigned grid_for(int64_t count, int threads) {
   const int64_t blocks = (count + threads - 1) / threads;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks));
+}
+
+// ------------------------------------------------------------------ pipelines
+// Runs body(step, load_into, store_from) for step = 0 .. steps-1 over NS register stages (1 or 2):
+// at step s the body loads step s + NS into one stage while it stores step s + 1 from another to
+// shared memory. Two stages alternate (the loop is unrolled by two, so that each stays in
+// registers); one stage is both.
+template <int NS, class Stage, class Body>
+__device__ __forceinline__ void staged_loop(int64_t steps, Stage (&stage)[NS], Body&& body) {
+  static_assert(NS == 1 || NS == 2, "one or two register stages");
+  for (int64_t step = 0; step < steps; step += NS) {
+    body(step, stage[0], stage[NS - 1]);
+    if (NS == 2 && step + 1 < steps) body(step + 1, stage[NS - 1], stage[0]);
+  }
 }
 
 }  // namespace expanse_cuda

@@ -61,6 +61,16 @@ inline bool is_f32(const expanse_tensor* t) { return t == nullptr || t->dtype ==
 // The phi table of the problem's p, d and layout, built in the workspace (ops/phi_table.cu).
 const phi_entry* make_phi_table(const expanse_problem& pb, launch_context& lc);
 
+// The phi table and, where the layout has one, its block form (kernels/common.cuh, phi_block), for
+// the state operations (ops/phi_table.cu).
+struct phi_tables {
+  const phi_entry* rows = nullptr;
+  phi_blocks blocks;
+};
+phi_tables make_phi_tables(const expanse_problem& pb, launch_context& lc);
+// The number of phi blocks of the problem's expansion; 0 when its layout has no block form.
+int64_t phi_block_count(const expanse_problem& pb);
+
 // Gate prefix sums per chunk of size c (c = t: one chunk) of a [b,t,h] log_g, in the workspace
 // (ops/chunk_gates.cu). Returns empty gates when log_g is null.
 gates make_gates(const expanse_tensor* log_g, int64_t b, int64_t t, int64_t h, int64_t c, launch_context& lc);

@@ -74,6 +74,55 @@ __global__ void build_phi_table(phi_entry* table, int64_t D, int p, int64_t d, i
   }
 }
 
+// Rank of a non-decreasing multi-index among those of its length in lexicographic order.
+__device__ int64_t rank_nondecreasing(const int64_t* idx, int p, int64_t n) {
+  int64_t r = 0, lo = 0;
+  for (int k = 0; k < p; ++k) {
+    const int left = p - k - 1;
+    for (int64_t v = lo; v < idx[k]; ++v) r += binomial(n - v + left - 1, left);
+    lo = idx[k];
+  }
+  return r;
+}
+
+// One thread per row of the tiled:8 expansion (kernels/common.cuh, phi_block): its row in the
+// problem's layout and coefficient, and for the first row of each block of 64 the block's factors.
+__global__ void build_phi_blocks(phi_block* blocks, phi_block_row* rows, int64_t rows_count, int p, int64_t d,
+                                 int kind) {
+  EXPANSE_GRID_LOOP(v, rows_count) {
+    int64_t block_size = 1;
+    for (int k = 0; k < p; ++k) block_size *= 8;
+    int64_t tiles[kMaxDegree] = {0, 0, 0, 0, 0, 0}, idx[kMaxDegree] = {0, 0, 0, 0, 0, 0};
+    unrank_nondecreasing(v / block_size, p, d / 8, tiles);
+    int64_t local = v % block_size;
+    for (int k = p - 1; k >= 0; --k) {
+      idx[k] = tiles[k] * 8 + local % 8;
+      local /= 8;
+    }
+    phi_block_row out{int32_t(v), multinomial_sqrt(tiles, p)};
+    if (kind == EXPANSE_LAYOUT_SYMPOW) {
+      bool sorted = true;
+      for (int k = 1; k < p; ++k) sorted = sorted && idx[k - 1] <= idx[k];
+      out = sorted ? phi_block_row{int32_t(rank_nondecreasing(idx, p, d)), multinomial_sqrt(idx, p)}
+                   : phi_block_row{-1, 0.f};
+    }
+    rows[v] = out;
+    if (v % 64 == 0) {
+      phi_block b;
+      for (int k = 0; k < 2; ++k) b.fixed[k] = static_cast<uint16_t>(k < p - 2 ? idx[k] : d);
+      b.mid = static_cast<uint16_t>(idx[p - 2]);
+      b.last = static_cast<uint16_t>(idx[p - 1]);
+      blocks[v / 64] = b;
+    }
+  }
+}
+
+int64_t host_binomial(int64_t n, int k) {
+  int64_t r = 1;
+  for (int i = 1; i <= k; ++i) r = r * (n - k + i) / i;
+  return r;
+}
+
 }  // namespace
 
 const phi_entry* make_phi_table(const expanse_problem& pb, launch_context& lc) {
@@ -83,6 +132,34 @@ const phi_entry* make_phi_table(const expanse_problem& pb, launch_context& lc) {
                                                                pb.layout.d_tile);
   check_launch("build_phi_table");
   return table;
+}
+
+// Blocks for the tiled layout with d_tile 8 (2 <= p <= 4) and for the symmetric layout at p = 2
+// (read through tiled:8, 10% padding at d = 64; at p = 3 and 4 the padding would be 34% and 76%).
+int64_t phi_block_count(const expanse_problem& pb) {
+  const bool tiled8 = pb.layout.kind == EXPANSE_LAYOUT_TILED && pb.layout.d_tile == 8 && pb.p <= 4;
+  const bool sympow2 = pb.layout.kind == EXPANSE_LAYOUT_SYMPOW && pb.p == 2;
+  if (pb.p < 2 || pb.d % 8 != 0 || !(tiled8 || sympow2)) return 0;
+  int64_t block_size = 1;
+  for (int k = 0; k < pb.p; ++k) block_size *= 8;
+  return host_binomial(pb.d / 8 + pb.p - 1, pb.p) * block_size / 64;
+}
+
+phi_tables make_phi_tables(const expanse_problem& pb, launch_context& lc) {
+  phi_tables t;
+  t.rows = make_phi_table(pb, lc);
+  t.blocks.count = phi_block_count(pb);
+  if (t.blocks.count == 0) return t;
+  const int64_t rows = t.blocks.count * 64;
+  phi_block* blocks = lc.ws.take<phi_block>(static_cast<size_t>(t.blocks.count));
+  phi_block_row* block_rows = lc.ws.take<phi_block_row>(static_cast<size_t>(rows));
+  t.blocks.block = blocks;
+  t.blocks.row = block_rows;
+  if (lc.ws.sizing()) return t;
+  build_phi_blocks<<<grid_for(rows, 256), 256, 0, lc.stream>>>(blocks, block_rows, rows, pb.p, pb.d,
+                                                               pb.layout.kind);
+  check_launch("build_phi_blocks");
+  return t;
 }
 
 std::string common_declines(const expanse_op& op) {

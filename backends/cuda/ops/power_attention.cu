@@ -48,7 +48,7 @@ void run(const expanse_op& op, launch_context& lc) {
   const bool need_states = pb.n > 1 || pb.has_initial_state || pb.want_final_state;
   const bool need_z = pb.normalize || a.final_z != nullptr;
 
-  const phi_entry* table = need_states ? make_phi_table(pb, lc) : nullptr;
+  const phi_tables phi = need_states ? make_phi_tables(pb, lc) : phi_tables{};
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   float* y = lc.ws.take<float>(size_t(pb.b * pb.t * pb.hq * pb.e));
   float* l = lc.ws.take<float>(size_t(pb.b * pb.t * pb.hq));
@@ -75,7 +75,7 @@ void run(const expanse_op& op, launch_context& lc) {
     const expanse_tensor Sv = f32_view(S, {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
     expanse_tensor zv{};
     if (z) zv = f32_view(z, {pb.b, pb.n, pb.h, pb.D}, dev);
-    launch_update_state(*a.k, *a.v, g, table, pb, Sv, z ? &zv : nullptr, lc);
+    launch_update_state(*a.k, *a.v, g, phi, pb, Sv, z ? &zv : nullptr, lc);
     expanse_tensor A{};
     if (g.total) A = totals_view(g, pb, dev);
     launch_discumsum(Sv, A, with_chunk_axis(a.initial_S), Sv, with_chunk_axis(a.final_S), pb.n, EXPANSE_F32, lc.stream);
@@ -85,7 +85,7 @@ void run(const expanse_op& op, launch_context& lc) {
   }
 
   // 3. Inter-chunk terms combined with the intra-chunk ones.
-  launch_query_state(qin, g, table, pb, pb.normalize != 0, lc);
+  launch_query_state(qin, g, phi, pb, pb.normalize != 0, lc);
 }
 
 }  // namespace

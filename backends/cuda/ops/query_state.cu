@@ -1,10 +1,12 @@
 // query_state: o_i = phi(scale q_i)^T S_m exp(Gc_i) [+ intra] [/ (... z ... + intra den)].
-// Implementations, best first: "wgmma" (expand-MMA on Hopper's warpgroup tensor cores), "mma"
+// Implementations, best first: "wgmma_blocked" (Hopper, layouts with a block form: tiled:8, and the
+// symmetric layout at p = 2), "wgmma" (expand-MMA on Hopper's warpgroup tensor cores), "mma"
 // (expand-MMA on tensor cores of sm_80 and later), "simple" (one warp per query token and head, any
 // shape and dtype). The two expand-MMA kernels take the same shapes.
 #include <cmath>
 
 #include "kernels/portable/mma_query_state.cuh"
+#include "kernels/sm90/blocked_query_state.cuh"
 #include "kernels/sm90/wgmma_query_state.cuh"
 #include "ops/op_common.hpp"
 #include "ops/state_ops.hpp"
@@ -91,10 +93,11 @@ std::string simple_declines(const expanse_op& op, const device_props&) {
 void simple_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = *static_cast<const expanse_query_state_args*>(op.args);
-  const phi_entry* table = make_phi_table(pb, lc);
+  phi_tables phi;
+  phi.rows = make_phi_table(pb, lc);
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   if (lc.ws.sizing()) return;
-  launch_simple_query_state(inputs_of(a), g, table, pb, pb.normalize != 0, lc.stream);
+  launch_simple_query_state(inputs_of(a), g, phi, pb, pb.normalize != 0, lc.stream);
 }
 
 template <std::string (*kernel_declines)(const expanse_problem&, const query_inputs&, const device_props&)>
@@ -106,28 +109,28 @@ std::string tensor_core_declines(const expanse_op& op, const device_props& props
   return why;
 }
 
-template <void (*launch)(const query_inputs&, const gates&, const phi_entry*, const expanse_problem&, bool,
+template <void (*launch)(const query_inputs&, const gates&, const phi_tables&, const expanse_problem&, bool,
                          launch_context&)>
 void tensor_core_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = *static_cast<const expanse_query_state_args*>(op.args);
-  const phi_entry* table = make_phi_table(pb, lc);
+  const phi_tables phi = make_phi_tables(pb, lc);
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   if (lc.ws.sizing()) return;
-  launch(inputs_of(a), g, table, pb, pb.normalize != 0, lc);
+  launch(inputs_of(a), g, phi, pb, pb.normalize != 0, lc);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
-void launch_simple_query_state(const query_inputs& in, const gates& g, const phi_entry* table,
+void launch_simple_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
                                const expanse_problem& pb, bool normalize, cudaStream_t stream) {
   const int64_t threads = pb.b * pb.t * pb.hq * 32;
   if (threads == 0) return;
   with_input_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
-    simple_query_state_kernel<T><<<grid_for(threads, 256), 256, 0, stream>>>(in, g, table, pb, normalize ? 1 : 0,
+    simple_query_state_kernel<T><<<grid_for(threads, 256), 256, 0, stream>>>(in, g, phi.rows, pb, normalize ? 1 : 0,
                                                                               scale_power(pb));
   });
   check_launch("simple query_state");
@@ -153,7 +156,7 @@ std::string mma_query_state_declines(const expanse_problem& pb, const query_inpu
 }
 
 // The parameters of both expand-MMA kernels (tok_tiles: set by the launcher).
-static mma_query_state_params query_state_params(const query_inputs& in, const gates& g, const phi_entry* table,
+static mma_query_state_params query_state_params(const query_inputs& in, const gates& g, const phi_tables& phi,
                                           const expanse_problem& pb, bool normalize) {
   mma_query_state_params P{};
   P.q = in.q.data;
@@ -176,17 +179,17 @@ static mma_query_state_params query_state_params(const query_inputs& in, const g
   }
   P.o = in.o.data;
   P.o_sb = in.o.strides[0]; P.o_st = in.o.strides[1]; P.o_sh = in.o.strides[2]; P.o_se = in.o.strides[3];
-  P.g = g; P.table = table;
+  P.g = g; P.table = phi.rows; P.blocks = phi.blocks;
   P.t = pb.t; P.c = pb.c; P.n = pb.n; P.h = pb.h; P.hq = pb.hq; P.D = pb.D;
   P.d = static_cast<int>(pb.d); P.p = pb.p; P.normalize = normalize ? 1 : 0;
   P.scale_p = scale_power(pb);
   return P;
 }
 
-void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_entry* table, const expanse_problem& pb,
+void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
                             bool normalize, launch_context& lc) {
   using namespace mma_query_state_cfg;
-  mma_query_state_params P = query_state_params(in, g, table, pb, normalize);
+  mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
   P.tok_tiles = static_cast<int>((pb.c + kTokens - 1) / kTokens);
   const int64_t ctas = int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
   if (ctas == 0) return;
@@ -204,10 +207,10 @@ std::string wgmma_query_state_declines(const expanse_problem& pb, const query_in
   return mma_query_state_declines(pb, in, props);
 }
 
-void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_entry* table,
+void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
                               const expanse_problem& pb, bool normalize, launch_context& lc) {
   using namespace wgmma_query_state_cfg;
-  mma_query_state_params P = query_state_params(in, g, table, pb, normalize);
+  mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
   P.tok_tiles = static_cast<int>((pb.c + kTokens - 1) / kTokens);
   const int64_t ctas = int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
   if (ctas == 0) return;
@@ -223,18 +226,49 @@ void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_
   check_launch("wgmma query_state");
 }
 
-void launch_query_state(const query_inputs& in, const gates& g, const phi_entry* table, const expanse_problem& pb,
+std::string blocked_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props) {
+  if (phi_block_count(pb) == 0) return "needs p >= 2 with the tiled:8 layout, or p = 2 with the symmetric layout";
+  return wgmma_query_state_declines(pb, in, props);
+}
+
+void launch_blocked_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
+                                const expanse_problem& pb, bool normalize, launch_context& lc) {
+  mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
+  // m64 tiles per warpgroup: 256 tokens per CTA, 128 at e = 128 (the accumulators' registers).
+  const int tokens = pb.e <= 64 ? 256 : 128;
+  P.tok_tiles = static_cast<int>((pb.c + tokens - 1) / tokens);
+  const int64_t ctas = int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
+  if (ctas == 0) return;
+  with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
+    using T = decltype(type_tag);
+    constexpr int E = decltype(e_tag)::value;
+    constexpr int MT = E <= 64 ? 2 : 1;
+    auto launch = [&](auto kernel) {
+      launch_with_smem(kernel, ctas, wgmma_query_state_cfg::kThreads, blocked_query_state_smem<T, E, MT>(P.d),
+                       lc.stream, P);
+    };
+    if (pb.p == 2) launch(blocked_query_state_kernel<T, E, 2, MT>);
+    else if constexpr (std::is_same_v<T, __nv_bfloat16>) launch(blocked_query_state_kernel<T, E, 4, MT>);  // f16 takes p <= 2
+  });
+  check_launch("blocked query_state");
+}
+
+void launch_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
                         bool normalize, launch_context& lc) {
-  if (wgmma_query_state_declines(pb, in, lc.props).empty())
-    launch_wgmma_query_state(in, g, table, pb, normalize, lc);
+  if (blocked_query_state_declines(pb, in, lc.props).empty())
+    launch_blocked_query_state(in, g, phi, pb, normalize, lc);
+  else if (wgmma_query_state_declines(pb, in, lc.props).empty())
+    launch_wgmma_query_state(in, g, phi, pb, normalize, lc);
   else if (mma_query_state_declines(pb, in, lc.props).empty())
-    launch_mma_query_state(in, g, table, pb, normalize, lc);
+    launch_mma_query_state(in, g, phi, pb, normalize, lc);
   else
-    launch_simple_query_state(in, g, table, pb, normalize, lc.stream);
+    launch_simple_query_state(in, g, phi, pb, normalize, lc.stream);
 }
 
 const std::vector<implementation>& query_state_impls() {
   static const std::vector<implementation> list = {
+      {"wgmma_blocked", tensor_core_declines<blocked_query_state_declines>,
+       tensor_core_run<launch_blocked_query_state>},
       {"wgmma", tensor_core_declines<wgmma_query_state_declines>, tensor_core_run<launch_wgmma_query_state>},
       {"mma", tensor_core_declines<mma_query_state_declines>, tensor_core_run<launch_mma_query_state>},
       {"simple", simple_declines, simple_run}};

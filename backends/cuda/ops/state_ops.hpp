@@ -6,25 +6,31 @@
 
 #include "dispatch.hpp"
 #include "kernels/common.cuh"
+#include "ops/op_common.hpp"
 
 namespace expanse_cuda {
 
 // update_state (ops/update_state.cu). z may be a tensor with null data (no z).
 void launch_simple_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
-                                const phi_entry* table, const expanse_problem& pb, const expanse_tensor& S,
+                                const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
                                 const expanse_tensor& z, cudaStream_t stream);
 std::string mma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
                                       const expanse_tensor& S, const expanse_tensor* z, const device_props& props);
-void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
+void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
                              const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                              launch_context& lc);
 std::string wgmma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
                                         const expanse_tensor& S, const expanse_tensor* z, const device_props& props);
-void launch_wgmma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
+void launch_wgmma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
                                const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                                launch_context& lc);
-// The fastest of the three that takes the problem.
-void launch_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
+std::string blocked_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
+                                          const expanse_tensor& S, const expanse_tensor* z, const device_props& props);
+void launch_blocked_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
+                                 const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
+                                 const expanse_tensor* z, launch_context& lc);
+// The fastest kernel that takes the problem (the order of update_state's implementation list).
+void launch_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
                          const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                          launch_context& lc);
 
@@ -40,16 +46,19 @@ void launch_discumsum(const expanse_tensor& X, const expanse_tensor& A, const ex
 struct query_inputs {
   expanse_tensor q, S, z, y, l, rowmax, o;
 };
-void launch_simple_query_state(const query_inputs& in, const gates& g, const phi_entry* table,
+void launch_simple_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
                                const expanse_problem& pb, bool normalize, cudaStream_t stream);
 std::string mma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
-void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_entry* table, const expanse_problem& pb,
+void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
                             bool normalize, launch_context& lc);
 std::string wgmma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
-void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_entry* table,
+void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
                               const expanse_problem& pb, bool normalize, launch_context& lc);
-// The fastest of the three that takes the problem.
-void launch_query_state(const query_inputs& in, const gates& g, const phi_entry* table, const expanse_problem& pb,
+std::string blocked_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
+void launch_blocked_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
+                                const expanse_problem& pb, bool normalize, launch_context& lc);
+// The fastest kernel that takes the problem (the order of query_state's implementation list).
+void launch_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
                         bool normalize, launch_context& lc);
 
 // chunk_attention (ops/chunk_attention.cu).

@@ -1,8 +1,10 @@
 // update_state: chunk states S_m = sum_j exp(A_m - Gc_j) phi(k_j) v_j^T and z_m likewise.
-// Implementations, best first: "wgmma" (expand-MMA on Hopper's warpgroup tensor cores), "mma"
+// Implementations, best first: "wgmma_blocked" (Hopper, layouts with a block form: tiled:8, and the
+// symmetric layout at p = 2), "wgmma" (expand-MMA on Hopper's warpgroup tensor cores), "mma"
 // (expand-MMA on tensor cores of sm_80 and later), "simple" (any shape and dtype, one thread per
-// state entry). The two expand-MMA kernels take the same shapes (f16/bf16, d and e in {32, 64, 128}).
+// state entry). The expand-MMA kernels take f16/bf16 with d and e in {32, 64, 128}.
 #include "kernels/portable/mma_update_state.cuh"
+#include "kernels/sm90/blocked_update_state.cuh"
 #include "kernels/sm90/wgmma_update_state.cuh"
 #include "ops/op_common.hpp"
 #include "ops/state_ops.hpp"
@@ -44,11 +46,12 @@ std::string simple_declines(const expanse_op& op, const device_props&) { return 
 void simple_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = *static_cast<const expanse_update_state_args*>(op.args);
-  const phi_entry* table = make_phi_table(pb, lc);
+  phi_tables phi;
+  phi.rows = make_phi_table(pb, lc);
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   if (lc.ws.sizing()) return;
   expanse_tensor none{};
-  launch_simple_update_state(*a.k, *a.v, g, table, pb, *a.S, a.z ? *a.z : none, lc.stream);
+  launch_simple_update_state(*a.k, *a.v, g, phi, pb, *a.S, a.z ? *a.z : none, lc.stream);
 }
 
 template <std::string (*kernel_declines)(const expanse_problem&, const expanse_tensor&, const expanse_tensor&,
@@ -60,26 +63,26 @@ std::string tensor_core_declines(const expanse_op& op, const device_props& props
   return why;
 }
 
-template <void (*launch)(const expanse_tensor&, const expanse_tensor&, const gates&, const phi_entry*,
+template <void (*launch)(const expanse_tensor&, const expanse_tensor&, const gates&, const phi_tables&,
                          const expanse_problem&, const expanse_tensor&, const expanse_tensor*, launch_context&)>
 void tensor_core_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = *static_cast<const expanse_update_state_args*>(op.args);
-  const phi_entry* table = make_phi_table(pb, lc);
+  const phi_tables phi = make_phi_tables(pb, lc);
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   if (lc.ws.sizing()) return;
-  launch(*a.k, *a.v, g, table, pb, *a.S, a.z, lc);
+  launch(*a.k, *a.v, g, phi, pb, *a.S, a.z, lc);
 }
 
 // The parameters of both expand-MMA kernels, for CTAs of `rows` rows of phi.
 mma_update_state_params update_state_params(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
-                                            const phi_entry* table, const expanse_problem& pb, const expanse_tensor& S,
+                                            const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
                                             const expanse_tensor* z, int rows) {
   mma_update_state_params P{};
   P.k = k.data; P.v = v.data;
   P.k_sb = k.strides[0]; P.k_st = k.strides[1]; P.k_sh = k.strides[2];
   P.v_sb = v.strides[0]; P.v_st = v.strides[1]; P.v_sh = v.strides[2];
-  P.g = g; P.table = table;
+  P.g = g; P.table = phi.rows; P.blocks = phi.blocks;
   P.S = static_cast<float*>(S.data);
   P.S_sb = S.strides[0]; P.S_sn = S.strides[1]; P.S_sh = S.strides[2]; P.S_sD = S.strides[3];
   if (z != nullptr && z->data != nullptr) {
@@ -94,13 +97,13 @@ mma_update_state_params update_state_params(const expanse_tensor& k, const expan
 }  // namespace
 
 void launch_simple_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
-                                const phi_entry* table, const expanse_problem& pb, const expanse_tensor& S,
+                                const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
                                 const expanse_tensor& z, cudaStream_t stream) {
   const int64_t work = pb.b * pb.n * pb.h * pb.D * (pb.e + 1);
   if (work == 0) return;
   with_input_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
-    simple_update_state_kernel<T><<<grid_for(work, 256), 256, 0, stream>>>(k, v, g, table, pb, S, z);
+    simple_update_state_kernel<T><<<grid_for(work, 256), 256, 0, stream>>>(k, v, g, phi.rows, pb, S, z);
   });
   check_launch("simple update_state");
 }
@@ -126,11 +129,11 @@ std::string mma_update_state_declines(const expanse_problem& pb, const expanse_t
   return {};
 }
 
-void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
+void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
                              const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                              launch_context& lc) {
   using namespace mma_update_state_cfg;
-  const mma_update_state_params P = update_state_params(k, v, g, table, pb, S, z, kRows);
+  const mma_update_state_params P = update_state_params(k, v, g, phi, pb, S, z, kRows);
   const int64_t ctas = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
   if (ctas == 0) return;
   with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
@@ -147,11 +150,11 @@ std::string wgmma_update_state_declines(const expanse_problem& pb, const expanse
   return mma_update_state_declines(pb, k, v, S, z, props);
 }
 
-void launch_wgmma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
+void launch_wgmma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
                                const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                                launch_context& lc) {
   using namespace wgmma_update_state_cfg;
-  const mma_update_state_params P = update_state_params(k, v, g, table, pb, S, z, kRows);
+  const mma_update_state_params P = update_state_params(k, v, g, phi, pb, S, z, kRows);
   const int64_t ctas = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
   if (ctas == 0) return;
   with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
@@ -166,21 +169,52 @@ void launch_wgmma_update_state(const expanse_tensor& k, const expanse_tensor& v,
   check_launch("wgmma update_state");
 }
 
-void launch_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_entry* table,
+std::string blocked_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
+                                          const expanse_tensor& S, const expanse_tensor* z, const device_props& props) {
+  if (phi_block_count(pb) == 0) return "needs p >= 2 with the tiled:8 layout, or p = 2 with the symmetric layout";
+  return wgmma_update_state_declines(pb, k, v, S, z, props);
+}
+
+void launch_blocked_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
+                                 const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
+                                 const expanse_tensor* z, launch_context& lc) {
+  using blocked_update_state_cfg::kBlocksPerCta;
+  mma_update_state_params P = update_state_params(k, v, g, phi, pb, S, z, 64 * kBlocksPerCta);
+  P.row_tiles = static_cast<int>((phi.blocks.count + kBlocksPerCta - 1) / kBlocksPerCta);
+  const int64_t ctas = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
+  if (ctas == 0) return;
+  with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
+    using T = decltype(type_tag);
+    constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
+    auto launch = [&](auto kernel) {
+      launch_with_smem(kernel, ctas, wgmma_update_state_cfg::kThreads, blocked_update_state_smem<T, DH, E>(),
+                       lc.stream, P);
+    };
+    if (pb.p == 2) launch(blocked_update_state_kernel<T, DH, E, 2>);
+    else if constexpr (std::is_same_v<T, __nv_bfloat16>) launch(blocked_update_state_kernel<T, DH, E, 4>);  // f16 takes p <= 2
+  });
+  check_launch("blocked update_state");
+}
+
+void launch_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
                          const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                          launch_context& lc) {
-  if (wgmma_update_state_declines(pb, k, v, S, z, lc.props).empty()) {
-    launch_wgmma_update_state(k, v, g, table, pb, S, z, lc);
+  if (blocked_update_state_declines(pb, k, v, S, z, lc.props).empty()) {
+    launch_blocked_update_state(k, v, g, phi, pb, S, z, lc);
+  } else if (wgmma_update_state_declines(pb, k, v, S, z, lc.props).empty()) {
+    launch_wgmma_update_state(k, v, g, phi, pb, S, z, lc);
   } else if (mma_update_state_declines(pb, k, v, S, z, lc.props).empty()) {
-    launch_mma_update_state(k, v, g, table, pb, S, z, lc);
+    launch_mma_update_state(k, v, g, phi, pb, S, z, lc);
   } else {
     expanse_tensor none{};
-    launch_simple_update_state(k, v, g, table, pb, S, z ? *z : none, lc.stream);
+    launch_simple_update_state(k, v, g, phi, pb, S, z ? *z : none, lc.stream);
   }
 }
 
 const std::vector<implementation>& update_state_impls() {
   static const std::vector<implementation> list = {
+      {"wgmma_blocked", tensor_core_declines<blocked_update_state_declines>,
+       tensor_core_run<launch_blocked_update_state>},
       {"wgmma", tensor_core_declines<wgmma_update_state_declines>, tensor_core_run<launch_wgmma_update_state>},
       {"mma", tensor_core_declines<mma_update_state_declines>, tensor_core_run<launch_mma_update_state>},
       {"simple", simple_declines, simple_run}};

@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace expanse_cuda {
 
@@ -76,6 +77,35 @@ __device__ __forceinline__ uint32_t pack2_f32<__half>(float lo, float hi) {
   return reinterpret_cast<uint32_t&>(v);
 }
 
+// Asynchronous global -> shared copies (cp.async, sm_80+): `bytes` (4 or 16) from src, or zeros when
+// `valid` is false (src is then not read). Each thread commits its copies as groups and waits until
+// at most N of its groups are in flight; a barrier then makes every thread's copies visible.
+template <int bytes>
+__device__ __forceinline__ void copy_async(void* dst, const void* src, bool valid) {
+  static_assert(bytes == 4 || bytes == 16, "cp.async copies 4 or 16 bytes here");
+  const int src_bytes = valid ? bytes : 0;
+  if constexpr (bytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src), "r"(src_bytes) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(dst)), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Splits two f32 values into packed b16 pairs hi + lo (hi rounded, lo the rounded remainder): the
+// pair sum keeps about 16 significant bits, where hi alone keeps 8 (bf16).
+template <class T>
+__device__ __forceinline__ void split2_f32(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  hi = pack2_f32<T>(x0, x1);
+  using P = typename mma_type<T>::pair;
+  const float2 h = [&] {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat1622float2(reinterpret_cast<const P&>(hi));
+    else return __half22float2(reinterpret_cast<const P&>(hi));
+  }();
+  lo = pack2_f32<T>(x0 - h.x, x1 - h.y);
+}
+
 // Element-wise product of two packed pairs (one rounding: the exact product of two b16 values
 // fits in f32, so this equals multiplying in f32 and rounding once).
 template <class T>
@@ -83,6 +113,15 @@ __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
   using P = typename mma_type<T>::pair;
   P r = __hmul2(reinterpret_cast<const P&>(a), reinterpret_cast<const P&>(b));
   return reinterpret_cast<uint32_t&>(r);
+}
+
+// Word w (0..3, a compile-time index after unrolling) of a 16-byte vector.
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }
+
+// mul2 on each of the four words of two 16-byte vectors.
+template <class T>
+__device__ __forceinline__ uint4 mul2x4(const uint4& a, const uint4& b) {
+  return make_uint4(mul2<T>(a.x, b.x), mul2<T>(a.y, b.y), mul2<T>(a.z, b.z), mul2<T>(a.w, b.w));
 }
 
 }  // namespace expanse_cuda

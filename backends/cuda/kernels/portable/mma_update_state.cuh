@@ -24,13 +24,14 @@ struct mma_update_state_params {
   int64_t v_sb, v_st, v_sh;
   gates g;
   const phi_entry* table;
+  phi_blocks blocks;  // for the blocked kernel only
   float* S;
   int64_t S_sb, S_sn, S_sh, S_sD;  // [b,n,h,D,e] (e contiguous)
   float* z;                        // null: no z
   int64_t z_sb, z_sn, z_sh, z_sD;
   int64_t t, c, n, h, D;
   int d, p;
-  int row_tiles;  // ceil(D / 256)
+  int row_tiles;  // CTAs per chunk and head along the rows of phi
 };
 
 namespace mma_update_state_cfg {

@@ -1,0 +1,217 @@
+// query_state as expand-MMA on Hopper (wgmma, sm_90a) for expansions in phi blocks (kernels/common.cuh):
+// the GEMM of wgmma_query_state.cuh (M = tokens, N = e + 8 with the z column, K = rows of phi,
+// B = the state rows in b16 times their coefficients), with one phi block of 64 rows per K step, so
+// that phi(Q) comes from two shared-memory reads per token and step. Block row 8 G + l is
+//   x[fixed0] x[fixed1] x[mid + G] x[last + l];
+// the K columns of A register (ks, h) of a lane are rows G = 2 ks + h, l = 2 tq, 2 tq + 1. Per token
+// and step a lane reads x[mid .. mid + 7] (16 bytes, broadcast over the quad) and the pair
+// x[last + 2 tq], x[last + 2 tq + 1]; each A register is then one packed multiply. Padding rows of
+// a block (row -1) have zero B rows.
+//
+// Accuracy: the state rows are f32; rounding them to b16 alone costs up to 5e-3 relative error in
+// bf16 on strongly gated inputs (the terms of phi(q) . S cancel), the whole SPEC budget. So B is
+// split into hi + lo b16 tiles and each A register multiplies both (twice the tensor work, the
+// same A and accumulators); what is left is the rounding of phi(q) and of the output.
+//
+// CTA: 2 warpgroups x MT m64 tiles = 128 MT tokens of one chunk x all e, one query head; K steps of
+// one block. Global loads run two steps ahead in two register stages (staged_loop): a load has
+// two steps' time to arrive before its data is split and stored.
+#pragma once
+
+#include "kernels/sm90/wgmma_query_state.cuh"
+
+namespace expanse_cuda {
+
+template <class T, int E, int MT>
+constexpr size_t blocked_query_state_smem(int d) {
+  using namespace wgmma_query_state_cfg;
+  return 4 * size_t(b_tile_elems<E + 8>()) * sizeof(T) + size_t(128 * MT) * (d + 8) * sizeof(T);
+}
+
+// PM: 2 for p = 2 (fixed factors ignored), 4 for p = 3, 4 (fixed index d reads a column of ones).
+template <class T, int E, int PM, int MT>
+__global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_state_params P) {
+  using namespace wgmma_query_state_cfg;
+  static_assert(kRowsK == 64, "one phi block per K step");
+  constexpr int kTok = 128 * MT;
+  constexpr int N = E + 8;
+  constexpr int kNT = E / 8;  // 8-column blocks of the state; block kNT is the z tile
+  constexpr int kChunk = chunk_elems<N>();
+  constexpr int b_size = b_tile_elems<N>();
+  constexpr int kRowPairs = kRowsK / 2;
+  constexpr int kItems = kRowPairs * E / 4;  // (row pair, 4 columns) per item
+  constexpr int kMaxItems = (kItems + kThreads - 1) / kThreads;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int d = P.d, qs_stride = d + 8;
+  T* const bt0 = reinterpret_cast<T*>(smem_raw);  // two buffers of B tiles (hi, lo), then the query tile
+  T* const qs = bt0 + 4 * b_size;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  const int wg = warp >> 2, wq = warp & 3;
+  int64_t cta = blockIdx.x;
+  const int tile = static_cast<int>(cta % P.tok_tiles);
+  cta /= P.tok_tiles;
+  const int64_t qh = cta % P.hq;
+  cta /= P.hq;
+  const int64_t m = cta % P.n, batch = cta / P.n;
+  const int64_t kv = qh / (P.hq / P.h), bh = batch * P.h + kv;
+  const int64_t chunk_first = m * P.c, chunk_len = min(P.c, P.t - chunk_first);
+  const int64_t tok0 = chunk_first + int64_t(tile) * kTok;
+  const int64_t ntok = min(int64_t(kTok), chunk_first + chunk_len - tok0);
+  if (ntok <= 0) return;
+
+  // The query tile with its column of ones, once, and the zero rows 1..7 of both z tiles.
+  const T* qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;
+  for (int vi = tid; vi < kTok * d / 8; vi += kThreads) {
+    const int s = vi / (d / 8), c8 = vi % (d / 8);
+    const uint4 val = s < ntok ? *reinterpret_cast<const uint4*>(qbase + (tok0 + s) * P.q_st + c8 * 8) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(qs + s * qs_stride + c8 * 8) = val;
+  }
+  for (int s = tid; s < kTok; s += kThreads) qs[s * qs_stride + d] = from_f32<T>(1.f);
+  for (int i = tid; i < 4 * (kRowsK / 8) * 64; i += kThreads) {
+    const int tile = i / ((kRowsK / 8) * 64), rest = i % ((kRowsK / 8) * 64);
+    bt0[tile * b_size + (rest / 64) * kChunk + kNT * 64 + rest % 64] = from_f32<T>(0.f);
+  }
+
+  // Global -> register staging of one block's state rows (f32), coefficients and z.
+  const float* Sbase = P.S + batch * P.S_sb + m * P.S_sn + kv * P.S_sh;
+  const float* zbase = P.z ? P.z + batch * P.z_sb + m * P.z_sn + kv * P.z_sh : nullptr;
+  struct stage {
+    float4 s[kMaxItems][2];
+    float coef[kMaxItems][2];
+    float z[2];
+    phi_block block;
+  };
+  auto load_step = [&](stage& st, int64_t blk) {
+    st.block = P.blocks.block[blk];
+#pragma unroll
+    for (int i = 0; i < kMaxItems; ++i) {
+      const int item = tid + i * kThreads, rp = item % kRowPairs, c4 = item / kRowPairs;
+      if (item < kItems)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const phi_block_row r = P.blocks.row[blk * 64 + 2 * rp + u];
+          st.s[i][u] = r.row >= 0 ? *reinterpret_cast<const float4*>(Sbase + r.row * P.S_sD + c4 * 4) : make_float4(0, 0, 0, 0);
+          st.coef[i][u] = r.coef;
+        }
+    }
+    if (tid < kRowPairs)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const phi_block_row r = P.blocks.row[blk * 64 + 2 * tid + u];
+        st.z[u] = zbase && r.row >= 0 ? zbase[r.row * P.z_sD] : 0.f;  // times its coefficient at the store
+      }
+  };
+  // Row pair rp lies in chunk rp / 4 at word rp % 4 of each core-matrix row; the lo tile follows hi.
+  auto store_step = [&](const stage& st, int buf) {
+    uint32_t* const bw = reinterpret_cast<uint32_t*>(bt0 + 2 * buf * b_size);
+    constexpr int lo = b_size / 2;  // words
+#pragma unroll
+    for (int i = 0; i < kMaxItems; ++i) {
+      const int item = tid + i * kThreads, rp = item % kRowPairs, c4 = item / kRowPairs;
+      if (item < kItems) {
+        const float* s0 = reinterpret_cast<const float*>(&st.s[i][0]);
+        const float* s1 = reinterpret_cast<const float*>(&st.s[i][1]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int col = c4 * 4 + j;
+          uint32_t* out = bw + (rp / 4) * (kChunk / 2) + (col / 8) * 32 + (col % 8) * 4 + rp % 4;
+          split2_f32<T>(s0[j] * st.coef[i][0], s1[j] * st.coef[i][1], out[0], out[lo]);
+        }
+      }
+    }
+    // Item 0 of thread tid < kRowPairs is row pair tid: coef[0] holds its coefficients.
+    if (tid < kRowPairs) {
+      uint32_t* out = bw + (tid / 4) * (kChunk / 2) + kNT * 32 + tid % 4;
+      split2_f32<T>(st.z[0] * st.coef[0][0], st.z[1] * st.coef[0][1], out[0], out[lo]);
+    }
+  };
+
+  float acc[MT][N / 2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) acc[mt][i] = 0.f;
+
+  // This lane's tokens: rows g and g + 8 (hf) of its warp's 16 in each of its warpgroup's m64 tiles.
+  const T* qrow[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) qrow[mt][hf] = qs + ((mt * 2 + wg) * 64 + wq * 16 + hf * 8 + g) * qs_stride;
+
+  const int64_t steps = P.blocks.count;
+  stage stages[2];
+  load_step(stages[0], 0);
+  phi_block cur = stages[0].block;  // the block of the step being multiplied
+  store_step(stages[0], 0);
+  if (steps > 1) load_step(stages[1], 1);
+  fence_async_shared();
+  __syncthreads();
+  staged_loop<2>(steps, stages, [&](int64_t step, stage& load_into, const stage& store_from) {
+    const int buf = static_cast<int>(step & 1);
+    if (step + 2 < steps) load_step(load_into, step + 2);
+    const T* bt = bt0 + 2 * buf * b_size;
+    // Per token: x[mid .. mid + 7] and the pair at last + 2 tq times the fixed factors.
+    uint4 mids[MT][2];
+    uint32_t lastf[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const T* row = qrow[mt][hf];
+        mids[mt][hf] = *reinterpret_cast<const uint4*>(row + cur.mid);
+        lastf[mt][hf] = *reinterpret_cast<const uint32_t*>(row + cur.last + 2 * tq);
+        if constexpr (PM == 4) {
+          const uint32_t f = mul2<T>(pack2(row[cur.fixed[0]], row[cur.fixed[0]]), pack2(row[cur.fixed[1]], row[cur.fixed[1]]));
+          lastf[mt][hf] = mul2<T>(lastf[mt][hf], f);
+        }
+      }
+    uint32_t a[kRowsK / 16][MT][4];  // untouched until the step's products complete
+#pragma unroll
+    for (int ks = 0; ks < kRowsK / 16; ++ks) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int hf = q & 1, G = 2 * ks + (q >> 1);
+          const uint32_t word = word_of(mids[mt][hf], G / 2);
+          const uint32_t both = __byte_perm(word, word, (G & 1) ? 0x3232 : 0x1010);  // x[mid + G] twice
+          a[ks][mt][q] = mul2<T>(both, lastf[mt][hf]);
+        }
+      const uint64_t desc_hi = kmajor_desc(bt + ks * 2 * kChunk, kChunk * sizeof(T), 128);
+      const uint64_t desc_lo = kmajor_desc(bt + b_size + ks * 2 * kChunk, kChunk * sizeof(T), 128);
+      wgmma_fence();
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        wgmma_rs<T, N>(acc[mt], a[ks][mt], desc_hi);
+        wgmma_rs<T, N>(acc[mt], a[ks][mt], desc_lo);
+      }
+    }
+    wgmma_commit();
+    if (step + 1 < steps) {
+      store_step(store_from, buf ^ 1);
+      cur = store_from.block;
+    }
+    fence_async_shared();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
+    __syncthreads();
+  });
+
+  // Epilogue: decay, scale^p, the intra-chunk term, normalization (den: column E, held by tq = 0).
+  T* obase = static_cast<T*>(P.o) + batch * P.o_sb + qh * P.o_sh;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int local = (mt * 2 + wg) * 64 + wq * 16 + hf * 8 + g;
+      const float den = __shfl_sync(0xffffffffu, acc[mt][4 * kNT + 2 * hf], lane & ~3);
+      if (local >= ntok) continue;
+      store_query_output<T, kNT>(P, obase, batch, qh, bh, tok0 + local, tq, den,
+                                 [&](int nt, int u) { return acc[mt][4 * nt + 2 * hf + u]; });
+    }
+}
+
+}  // namespace expanse_cuda
