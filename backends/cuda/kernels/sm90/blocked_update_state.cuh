@@ -10,8 +10,11 @@
 // 0.75 shared-memory wavefronts at p = 2, against 2 when every fragment row gathers its own factors.
 //
 // CTA: 2 warpgroups x 2 m64 tiles = 4 phi blocks (256 rows) x all e columns, one chunk of one head;
-// K steps of 64 tokens, double-buffered in shared memory as in wgmma_update_state.cuh; global loads
-// run two steps ahead in two register stages (staged_loop), one step at e = 128 (registers).
+// K steps of 64 tokens, double-buffered in shared memory as in wgmma_update_state.cuh. The raw key
+// and value rows of each step arrive by cp.async three steps ahead, in a ring of four stages
+// (coalesced 16-byte copies, no staging registers); one pass per step turns a raw stage into the
+// key tile and the gated B tile. Loads in registers spread over 32 rows per warp instruction had
+// kept the L1 busiest of all units.
 #pragma once
 
 #include "kernels/sm90/wgmma_update_state.cuh"
@@ -25,10 +28,19 @@ constexpr int kBlocksPerCta = 4;
 __device__ __forceinline__ int token_pair_word(int sp) { return (sp % 4) * 8 + (sp / 8) * 2 + (sp % 8) / 4; }
 }  // namespace blocked_update_state_cfg
 
+namespace blocked_update_state_cfg {
+constexpr int kRawStages = 4;  // ring of raw stages: copies run kRawStages - 1 steps ahead
+// A raw stage: keys [64][DH] and values [64][E] as in memory, 16-byte chunks of row s at chunk
+// c ^ ((s / 2) % chunks) (conflict-free reads of token pairs), then the tokens' Gc (f32).
+template <class T, int DH, int E>
+constexpr size_t raw_stage_bytes() { return size_t(wgmma_update_state_cfg::kTok) * ((DH + E) * sizeof(T) + 4); }
+}  // namespace blocked_update_state_cfg
+
 template <class T, int DH, int E>
 constexpr size_t blocked_update_state_smem() {
   using namespace wgmma_update_state_cfg;
-  return 2 * (size_t(DH + 1) * kTokPad + size_t(b_tile_elems<E + 8>())) * sizeof(T);
+  return 2 * (size_t(DH + 1) * kTokPad + size_t(b_tile_elems<E + 8>())) * sizeof(T) +
+         blocked_update_state_cfg::kRawStages * blocked_update_state_cfg::raw_stage_bytes<T, DH, E>();
 }
 
 // PM: 2 for p = 2 (fixed factors ignored), 4 for p = 3, 4 (fixed factors past p read a row of ones).
@@ -84,70 +96,77 @@ __global__ void __launch_bounds__(256, 1) blocked_update_state_kernel(mma_update
     vb0[buf * b_size + chunk * kChunk + kNT * 64 + rest % 64] = from_f32<T>(0.f);
   }
 
-  // Global -> register staging of one K step by pairs of tokens (as wgmma_update_state.cuh): keys
-  // one 8-feature slice per item, values one 8-column slice per item with the tokens' Gc as loaded
-  // (no arithmetic on loads until the store).
-  constexpr int kPairs = kTok / 2;
-  constexpr int kKeyItems = kPairs * d / 8, kValItems = kPairs * E / 8;
-  constexpr int kMaxK = (kKeyItems + kThreads - 1) / kThreads, kMaxV = (kValItems + kThreads - 1) / kThreads;
-  struct stage {
-    uint4 k[kMaxK][2], v[kMaxV][2];
-    float gc[kMaxV][2];
-  };
+  // Raw stages after the key and B buffers.
+  using blocked_update_state_cfg::kRawStages;
+  constexpr int kRawBytes = int(blocked_update_state_cfg::raw_stage_bytes<T, d, E>());
+  unsigned char* const raw0 = reinterpret_cast<unsigned char*>(vb0 + 2 * b_size);
+  constexpr int kKeyChunks = d / 8, kValChunks = E / 8;  // 16-byte chunks per row
+  auto swz = [](int s, int c, int chunks) { return c ^ ((s >> 1) & (chunks - 1)); };
   const T* kbase = static_cast<const T*>(P.k) + batch * P.k_sb + head * P.k_sh;
   const T* vbase = static_cast<const T*>(P.v) + batch * P.v_sb + head * P.v_sh;
-  auto gc_of = [&](int64_t s) { return P.g.Gc && s < len ? P.g.Gc[bh * P.t + first + s] : 0.f; };
+  // Issues the copies of step `step` into its raw stage (zeros past the chunk) and commits them as
+  // one group (an empty group past the last step, so that every step commits one).
+  auto issue_step = [&](int64_t step) {
+    if (step < (len + kTok - 1) / kTok) {
+      unsigned char* raw = raw0 + (step % kRawStages) * kRawBytes;
+      T* rk = reinterpret_cast<T*>(raw);
+      T* rv = rk + kTok * d;
+      float* rg = reinterpret_cast<float*>(rv + kTok * E);
+      const int64_t s0 = step * kTok;
+      for (int i = tid; i < kTok * kKeyChunks; i += kThreads) {
+        const int s = i / kKeyChunks, c = i % kKeyChunks;
+        const bool in = s0 + s < len;
+        copy_async<16>(rk + s * d + swz(s, c, kKeyChunks) * 8, in ? kbase + (first + s0 + s) * P.k_st + c * 8 : kbase, in);
+      }
+      for (int i = tid; i < kTok * kValChunks; i += kThreads) {
+        const int s = i / kValChunks, c = i % kValChunks;
+        const bool in = s0 + s < len;
+        copy_async<16>(rv + s * E + swz(s, c, kValChunks) * 8, in ? vbase + (first + s0 + s) * P.v_st + c * 8 : vbase, in);
+      }
+      if (tid < kTok) {
+        const bool in = P.g.Gc != nullptr && s0 + tid < len;
+        copy_async<4>(rg + tid, in ? P.g.Gc + bh * P.t + first + s0 + tid : nullptr, in);
+      }
+    }
+    copy_async_commit();
+  };
   auto gate = [&](int64_t s, float gc) { return s < len ? (P.g.Gc ? __expf(A - gc) : 1.f) : 0.f; };
-  auto row_of = [&](const T* base, int64_t stride, int64_t s, int c8) {
-    return s < len ? *reinterpret_cast<const uint4*>(base + (first + s) * stride + c8 * 8) : make_uint4(0, 0, 0, 0);
-  };
-  auto load_step = [&](stage& st, int64_t s0) {
-#pragma unroll
-    for (int i = 0; i < kMaxK; ++i) {
-      const int item = tid + i * kThreads, sp = item % kPairs, c8 = item / kPairs;
-      if (item < kKeyItems)
-#pragma unroll
-        for (int u = 0; u < 2; ++u) st.k[i][u] = row_of(kbase, P.k_st, s0 + 2 * sp + u, c8);
-    }
-#pragma unroll
-    for (int i = 0; i < kMaxV; ++i) {
-      const int item = tid + i * kThreads, sp = item % kPairs, c8 = item / kPairs;
-      if (item < kValItems)
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          st.v[i][u] = row_of(vbase, P.v_st, s0 + 2 * sp + u, c8);
-          st.gc[i][u] = gc_of(s0 + 2 * sp + u);
-        }
-    }
-  };
-  auto store_step = [&](const stage& st, int buf, int64_t s0) {
+  // Raw stage of step `step` -> key tile (feature rows, token pairs in lane order) and B tile (gated
+  // values and the z tile) of buffer buf, by pairs of tokens: key items one 8-feature chunk, value
+  // items one 8-column chunk.
+  constexpr int kPairs = kTok / 2;
+  constexpr int kKeyItems = kPairs * d / 8, kValItems = kPairs * E / 8;
+  auto store_step = [&](int64_t step, int buf) {
+    const unsigned char* raw = raw0 + (step % kRawStages) * kRawBytes;
+    const T* rk = reinterpret_cast<const T*>(raw);
+    const T* rv = rk + kTok * d;
+    const float* rg = reinterpret_cast<const float*>(rv + kTok * E);
     T* const kb = kT0 + buf * kT_size;
     uint32_t* const vw = reinterpret_cast<uint32_t*>(vb0 + buf * b_size);
+    for (int item = tid; item < kKeyItems; item += kThreads) {
+      const int sp = item % kPairs, c8 = item / kPairs;
+      const uint4 k0 = *reinterpret_cast<const uint4*>(rk + (2 * sp) * d + swz(2 * sp, c8, kKeyChunks) * 8);
+      const uint4 k1 = *reinterpret_cast<const uint4*>(rk + (2 * sp + 1) * d + swz(2 * sp + 1, c8, kKeyChunks) * 8);
+      const T* e0 = reinterpret_cast<const T*>(&k0);
+      const T* e1 = reinterpret_cast<const T*>(&k1);
+      uint32_t* out = reinterpret_cast<uint32_t*>(kb + c8 * 8 * kTokPad) + token_pair_word(sp);
 #pragma unroll
-    for (int i = 0; i < kMaxK; ++i) {
-      const int item = tid + i * kThreads, sp = item % kPairs, c8 = item / kPairs;
-      if (item < kKeyItems) {
-        const T* e0 = reinterpret_cast<const T*>(&st.k[i][0]);
-        const T* e1 = reinterpret_cast<const T*>(&st.k[i][1]);
-        uint32_t* out = reinterpret_cast<uint32_t*>(kb + c8 * 8 * kTokPad) + token_pair_word(sp);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) out[j * (kTokPad / 2)] = pack2(e0[j], e1[j]);
-      }
+      for (int j = 0; j < 8; ++j) out[j * (kTokPad / 2)] = pack2(e0[j], e1[j]);
     }
     // Token pair sp lies in chunk sp / 4 at word sp % 4 of each core-matrix row of the B tile.
+    const int64_t s0 = step * kTok;
+    for (int item = tid; item < kValItems; item += kThreads) {
+      const int sp = item % kPairs, c8 = item / kPairs;
+      const uint4 v0 = *reinterpret_cast<const uint4*>(rv + (2 * sp) * E + swz(2 * sp, c8, kValChunks) * 8);
+      const uint4 v1 = *reinterpret_cast<const uint4*>(rv + (2 * sp + 1) * E + swz(2 * sp + 1, c8, kValChunks) * 8);
+      const T* e0 = reinterpret_cast<const T*>(&v0);
+      const T* e1 = reinterpret_cast<const T*>(&v1);
+      const float w0 = gate(s0 + 2 * sp, rg[2 * sp]), w1 = gate(s0 + 2 * sp + 1, rg[2 * sp + 1]);
+      uint32_t* out = vw + (sp / 4) * (kChunk / 2) + c8 * 32 + sp % 4;
 #pragma unroll
-    for (int i = 0; i < kMaxV; ++i) {
-      const int item = tid + i * kThreads, sp = item % kPairs, c8 = item / kPairs;
-      if (item < kValItems) {
-        const T* e0 = reinterpret_cast<const T*>(&st.v[i][0]);
-        const T* e1 = reinterpret_cast<const T*>(&st.v[i][1]);
-        const float w0 = gate(s0 + 2 * sp, st.gc[i][0]), w1 = gate(s0 + 2 * sp + 1, st.gc[i][1]);
-        uint32_t* out = vw + (sp / 4) * (kChunk / 2) + c8 * 32 + sp % 4;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) out[j * 4] = pack2_f32<T>(to_f32(e0[j]) * w0, to_f32(e1[j]) * w1);
-        // Item 0 of thread tid < kPairs is token pair tid: its gates also fill the z tile.
-        if (i == 0 && tid < kPairs) vw[(sp / 4) * (kChunk / 2) + kNT * 32 + sp % 4] = pack2_f32<T>(w0, w1);
-      }
+      for (int j = 0; j < 8; ++j) out[j * 4] = pack2_f32<T>(to_f32(e0[j]) * w0, to_f32(e1[j]) * w1);
+      // Items c8 = 0 also fill the z tile with their gates.
+      if (c8 == 0) vw[(sp / 4) * (kChunk / 2) + kNT * 32 + sp % 4] = pack2_f32<T>(w0, w1);
     }
   };
 
@@ -158,16 +177,16 @@ __global__ void __launch_bounds__(256, 1) blocked_update_state_kernel(mma_update
     for (int i = 0; i < N / 2; ++i) acc[mt][i] = 0.f;
 
   const int64_t steps = (len + kTok - 1) / kTok;
-  constexpr int NS = E <= 64 ? 2 : 1;
-  stage stages[NS];
-  load_step(stages[0], 0);
-  store_step(stages[0], 0, 0);
-  if (NS == 2 && steps > 1) load_step(stages[NS - 1], kTok);
+  for (int i = 0; i < kRawStages - 1; ++i) issue_step(i);
+  copy_async_wait<kRawStages - 2>();  // step 0's copies
+  __syncthreads();
+  store_step(0, 0);
+  copy_async_wait<kRawStages - 3>();  // step 1's copies (read after the loop's first barrier)
   fence_async_shared();
   __syncthreads();
-  staged_loop<NS>(steps, stages, [&](int64_t step, stage& load_into, const stage& store_from) {
+  for (int64_t step = 0; step < steps; ++step) {
     const int buf = static_cast<int>(step & 1);
-    if (step + NS < steps) load_step(load_into, (step + NS) * kTok);
+    issue_step(step + kRawStages - 1);
     const T* kb = kT0 + buf * kT_size;
     const T* vb = vb0 + buf * b_size;
     uint32_t a[kTok / 16][2][4];  // untouched until the step's products complete
@@ -204,13 +223,14 @@ __global__ void __launch_bounds__(256, 1) blocked_update_state_kernel(mma_update
       }
     }
     wgmma_commit();
-    if (step + 1 < steps) store_step(store_from, buf ^ 1, (step + 1) * kTok);
+    if (step + 1 < steps) store_step(step + 1, buf ^ 1);
+    copy_async_wait<kRawStages - 3>();  // step + 2's copies, read in the next step
     fence_async_shared();
     wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) wgmma_pin(acc[mt]);
     __syncthreads();
-  });
+  }
 
   // Epilogue: each fragment row to its row of the layout (padding rows are dropped), times its
   // coefficient, f32 out.
