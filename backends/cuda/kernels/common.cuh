@@ -106,6 +106,25 @@ inline unsigned grid_for(int64_t count, int threads) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks));
 }
 
+// ------------------------------------------------------------------ CTA coordinates
+// The coordinates of a CTA of the chunked kernels, numbered
+// blockIdx.x = ((batch * chunks + chunk) * heads + head) * tiles + tile.
+struct cta_coords {
+  int tile;
+  int64_t head, chunk, batch;
+};
+__device__ __forceinline__ cta_coords decode_cta(int tiles, int64_t heads, int64_t chunks) {
+  int64_t cta = blockIdx.x;
+  cta_coords c;
+  c.tile = static_cast<int>(cta % tiles);
+  cta /= tiles;
+  c.head = cta % heads;
+  cta /= heads;
+  c.chunk = cta % chunks;
+  c.batch = cta / chunks;
+  return c;
+}
+
 // ------------------------------------------------------------------ pipelines
 // Runs body(step, load_into, store_from) for step = 0 .. steps-1 over NS register stages (1 or 2):
 // at step s the body loads step s + NS into one stage while it stores step s + 1 from another to

@@ -56,12 +56,9 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
   float* gk = gq + kRows;                                   // Gc of the key rows
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-  int64_t cta = blockIdx.x;
-  const int qtile = static_cast<int>(cta % P.q_tiles);
-  cta /= P.q_tiles;
-  const int64_t qh = cta % P.hq;
-  cta /= P.hq;
-  const int64_t m = cta % P.n, batch = cta / P.n;
+  const cta_coords at = decode_cta(P.q_tiles, P.hq, P.n);
+  const int qtile = at.tile;
+  const int64_t qh = at.head, m = at.chunk, batch = at.batch;
   const int64_t kv = qh / (P.hq / P.h), bh = batch * P.h + kv;
   const int64_t first = m * P.c, len = min(P.c, P.t - first);
   const int q0 = qtile * kRows;  // local index of the first query row

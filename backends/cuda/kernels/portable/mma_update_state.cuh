@@ -88,12 +88,9 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
   constexpr int vs_size = kTok * kVS;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-  int64_t cta = blockIdx.x;
-  const int row_tile = static_cast<int>(cta % P.row_tiles);
-  cta /= P.row_tiles;
-  const int64_t head = cta % P.h;
-  cta /= P.h;
-  const int64_t m = cta % P.n, batch = cta / P.n;
+  const cta_coords at = decode_cta(P.row_tiles, P.h, P.n);
+  const int row_tile = at.tile;
+  const int64_t head = at.head, m = at.chunk, batch = at.batch;
   const int64_t first = m * P.c, len = min(P.c, P.t - first), bh = batch * P.h + head;
   const float A = P.g.chunk_total(bh, P.n, m);
 

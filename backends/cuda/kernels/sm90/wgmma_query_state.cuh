@@ -58,12 +58,9 @@ __global__ void __launch_bounds__(256, E <= 64 ? 2 : 1) wgmma_query_state_kernel
   T* const qs = reinterpret_cast<T*>(sidx0 + 2 * sidx_size);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-  int64_t cta = blockIdx.x;
-  const int tile = static_cast<int>(cta % P.tok_tiles);
-  cta /= P.tok_tiles;
-  const int64_t qh = cta % P.hq;
-  cta /= P.hq;
-  const int64_t m = cta % P.n, batch = cta / P.n;
+  const cta_coords at = decode_cta(P.tok_tiles, P.hq, P.n);
+  const int tile = at.tile;
+  const int64_t qh = at.head, m = at.chunk, batch = at.batch;
   const int64_t kv = qh / (P.hq / P.h), bh = batch * P.h + kv;
   const int64_t chunk_first = m * P.c, chunk_len = min(P.c, P.t - chunk_first);
   const int64_t tok0 = chunk_first + int64_t(tile) * kTokens;
