@@ -57,18 +57,7 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
   const int64_t ntok = min(int64_t(kTok), chunk_first + chunk_len - tok0);
   if (ntok <= 0) return;
 
-  // The query tile with its column of ones, once, and the zero rows 1..7 of both z tiles.
-  const T* qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;
-  for (int vi = tid; vi < kTok * d / 8; vi += kThreads) {
-    const int s = vi / (d / 8), c8 = vi % (d / 8);
-    const uint4 val = s < ntok ? *reinterpret_cast<const uint4*>(qbase + (tok0 + s) * P.q_st + c8 * 8) : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(qs + s * qs_stride + c8 * 8) = val;
-  }
-  for (int s = tid; s < kTok; s += kThreads) qs[s * qs_stride + d] = from_f32<T>(1.f);
-  for (int i = tid; i < 4 * (kRowsK / 8) * 64; i += kThreads) {
-    const int tile = i / ((kRowsK / 8) * 64), rest = i % ((kRowsK / 8) * 64);
-    bt0[tile * b_size + (rest / 64) * kChunk + kNT * 64 + rest % 64] = from_f32<T>(0.f);
-  }
+  init_query_tiles<T, kTok, kNT, kChunk>(P, qs, qs_stride, batch, qh, tok0, ntok, bt0, 4, b_size);
 
   // Global -> register staging of one block's state rows (f32), coefficients and z.
   const float* Sbase = P.S + batch * P.S_sb + m * P.S_sn + kv * P.S_sh;

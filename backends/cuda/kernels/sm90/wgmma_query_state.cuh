@@ -29,6 +29,28 @@ template <int N> constexpr int chunk_elems() { return N * 8 + 8; }
 template <int N> constexpr int b_tile_elems() { return kRowsK / 8 * chunk_elems<N>(); }
 }  // namespace wgmma_query_state_cfg
 
+// The CTA's query tile in shared memory: kTok rows of d entries and a column of ones at d (rows
+// past ntok zero), and rows 1..7 of the z tile of each of `tiles` B tiles set to zero (row 0 holds
+// z and is written every step).
+template <class T, int kTok, int kNT, int kChunk>
+__device__ __forceinline__ void init_query_tiles(const mma_query_state_params& P, T* qs, int qs_stride, int64_t batch,
+                                                 int64_t qh, int64_t tok0, int64_t ntok, T* bt0, int tiles,
+                                                 int b_size) {
+  const int d = P.d, tid = threadIdx.x, threads = blockDim.x;
+  const T* qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;
+  for (int vi = tid; vi < kTok * d / 8; vi += threads) {
+    const int s = vi / (d / 8), c8 = vi % (d / 8);
+    const uint4 val = s < ntok ? *reinterpret_cast<const uint4*>(qbase + (tok0 + s) * P.q_st + c8 * 8) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(qs + s * qs_stride + c8 * 8) = val;
+  }
+  for (int s = tid; s < kTok; s += threads) qs[s * qs_stride + d] = from_f32<T>(1.f);
+  constexpr int kZeros = (wgmma_query_state_cfg::kRowsK / 8) * 64;  // per B tile
+  for (int i = tid; i < tiles * kZeros; i += threads) {
+    const int tile = i / kZeros, rest = i % kZeros;
+    bt0[tile * b_size + (rest / 64) * kChunk + kNT * 64 + rest % 64] = from_f32<T>(0.f);
+  }
+}
+
 template <class T, int E>
 constexpr size_t wgmma_query_state_smem(int d) {
   using namespace wgmma_query_state_cfg;
@@ -67,18 +89,7 @@ __global__ void __launch_bounds__(256, E <= 64 ? 2 : 1) wgmma_query_state_kernel
   const int64_t ntok = min(int64_t(kTokens), chunk_first + chunk_len - tok0);
   if (ntok <= 0) return;
 
-  // The query tile with its column of ones, once, and the zero rows 1..7 of both z tiles.
-  const T* qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;
-  for (int vi = tid; vi < kTokens * d / 8; vi += kThreads) {
-    const int s = vi / (d / 8), c8 = vi % (d / 8);
-    const uint4 val = s < ntok ? *reinterpret_cast<const uint4*>(qbase + (tok0 + s) * P.q_st + c8 * 8) : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(qs + s * qs_stride + c8 * 8) = val;
-  }
-  for (int s = tid; s < kTokens; s += kThreads) qs[s * qs_stride + d] = from_f32<T>(1.f);
-  for (int i = tid; i < 2 * (kRowsK / 8) * 64; i += kThreads) {
-    const int buf = i / ((kRowsK / 8) * 64), rest = i % ((kRowsK / 8) * 64);
-    bt0[buf * b_size + (rest / 64) * kChunk + kNT * 64 + rest % 64] = from_f32<T>(0.f);
-  }
+  init_query_tiles<T, kTokens, kNT, kChunk>(P, qs, qs_stride, batch, qh, tok0, ntok, bt0, 2, b_size);
 
   const float* Sbase = P.S + batch * P.S_sb + m * P.S_sn + kv * P.S_sh;
   const float* zbase = P.z ? P.z + batch * P.z_sb + m * P.z_sn + kv * P.z_sh : nullptr;
