@@ -23,6 +23,14 @@ template <> __device__ __forceinline__ float from_f32<float>(float x) { return x
 template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+// 2^x by the special-function unit (ex2.approx: relative error about 2^-22; 2^-inf = 0), where
+// exp2f adds range handling the callers do not need.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ------------------------------------------------------------------ strided tensors
 // Offsets (in elements) into an expanse_tensor passed by value to a kernel.
 __device__ __forceinline__ int64_t off3(const expanse_tensor& t, int64_t i0, int64_t i1, int64_t i2) {

@@ -9,6 +9,8 @@
 // key block is staged in registers while the current one is multiplied.
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/common.cuh"
 #include "kernels/portable/mma.cuh"
 
@@ -73,7 +75,10 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
                                    : make_uint4(0, 0, 0, 0);
     *reinterpret_cast<uint4*>(qs + s * kQS + c8 * 8) = val;
   }
-  if (tid < kRows) gq[tid] = P.g.Gc && q0 + tid < len ? P.g.Gc[bh * P.t + first + q0 + tid] : 0.f;
+  // Gc in base 2; the query side also carries p log2|scale| (log2|scale q.k| = log2|scale| + log2|q.k|).
+  const float p_log2_scale = P.p * __log2f(fabsf(P.scale));
+  if (tid < kRows)
+    gq[tid] = (P.g.Gc && q0 + tid < len ? P.g.Gc[bh * P.t + first + q0 + tid] * kLog2e : 0.f) + p_log2_scale;
 
   uint4 kreg[kKVec], vreg[kVVec];
   float greg = 0.f;
@@ -90,7 +95,7 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
       vreg[i] = key0 + s < len ? *reinterpret_cast<const uint4*>(vbase + (first + key0 + s) * P.v_st + c8 * 8)
                                : make_uint4(0, 0, 0, 0);
     }
-    if (tid < kKeys) greg = P.g.Gc && key0 + tid < len ? P.g.Gc[bh * P.t + first + key0 + tid] : 0.f;
+    if (tid < kKeys) greg = P.g.Gc && key0 + tid < len ? P.g.Gc[bh * P.t + first + key0 + tid] * kLog2e : 0.f;
   };
   auto store_block = [&]() {
 #pragma unroll
@@ -126,7 +131,7 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
   float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
-  const bool odd = P.p & 1;
+  const bool odd = P.p & 1, scale_negative = P.scale < 0.f;
 
   for (int blk = 0; blk < blocks; ++blk) {
     const int key0 = blk * kKeys;
@@ -145,29 +150,35 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
         if (kk + 1 < DH / 16) mma_16816<T>(s[nt], qa[kk + 1], b + 2);
       }
     }
-    // Log-space scores, masks, signs and the new row maxima.
+    // Log-space scores, masks, signs and the new row maxima. A zero dot gives log2 0 = -inf, the
+    // same as a masked key; blocks wholly below the diagonal and inside the chunk (all but the last
+    // one or two of a row tile) skip the per-score mask.
     uint32_t negative = 0;
     float bmax[2] = {-INFINITY, -INFINITY};
+    const bool unmasked = key0 + kKeys - 1 <= q0 + warp * 16 && key0 + kKeys <= len;
+    auto scores = [&](auto masked) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int hf = i >> 1, key = key0 + nt * 8 + 2 * tq + (i & 1);
-        const float dot = s[nt][i] * P.scale;
-        float sc = -INFINITY;
-        if (key <= row_local[hf] && key < len && dot != 0.f)
-          sc = fmaf(grow[hf] - gk[nt * 8 + 2 * tq + (i & 1)], kLog2e, P.p * __log2f(fabsf(dot)));
-        if (odd && dot < 0.f) negative |= 1u << (nt * 4 + i);
-        s[nt][i] = sc;
-        bmax[hf] = fmaxf(bmax[hf], sc);
-      }
+        for (int i = 0; i < 4; ++i) {
+          const int hf = i >> 1, j = nt * 8 + 2 * tq + (i & 1);
+          const float dot = s[nt][i];
+          float sc = fmaf(float(P.p), __log2f(fabsf(dot)), grow[hf] - gk[j]);
+          if (masked && !(key0 + j <= row_local[hf] && key0 + j < len)) sc = -INFINITY;
+          if (odd && (dot < 0.f) != scale_negative) negative |= 1u << (nt * 4 + i);
+          s[nt][i] = sc;
+          bmax[hf] = fmaxf(bmax[hf], sc);
+        }
+    };
+    if (unmasked) scores(std::false_type{});
+    else scores(std::true_type{});
     float alpha[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       bmax[hf] = fmaxf(bmax[hf], __shfl_xor_sync(0xffffffffu, bmax[hf], 1));
       bmax[hf] = fmaxf(bmax[hf], __shfl_xor_sync(0xffffffffu, bmax[hf], 2));
       const float mnew = fmaxf(mrow[hf], bmax[hf]);
-      alpha[hf] = mnew == -INFINITY ? 1.f : exp2f(mrow[hf] - mnew);  // exp2(-inf) = 0
+      alpha[hf] = mnew == -INFINITY ? 1.f : fast_exp2(mrow[hf] - mnew);  // exp2(-inf) = 0
       mrow[hf] = mnew;
       lrow[hf] *= alpha[hf];
     }
@@ -176,6 +187,8 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[nt][i] *= alpha[i >> 1];
     // P = sign 2^(s - m), packed as A fragments for P V.
+    // 2^(-inf - m) = 0 for masked scores while m is finite; a row with no score yet uses m = 0.
+    const float msub[2] = {mrow[0] == -INFINITY ? 0.f : mrow[0], mrow[1] == -INFINITY ? 0.f : mrow[1]};
     uint32_t pa[4][4];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -183,7 +196,7 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int hf = i >> 1;
-        w[i] = s[nt][i] == -INFINITY ? 0.f : exp2f(s[nt][i] - mrow[hf]);
+        w[i] = fast_exp2(s[nt][i] - msub[hf]);
         if (negative & (1u << (nt * 4 + i))) w[i] = -w[i];
         lrow[hf] += w[i];
       }

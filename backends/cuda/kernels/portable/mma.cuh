@@ -115,6 +115,19 @@ __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
   return reinterpret_cast<uint32_t&>(r);
 }
 
+// The same product as hi + lo pairs: hi = mul2(a, b), lo = a * b - hi by one fused multiply-add
+// (single rounding), so that hi + lo is the exact product of two b16 values in the normal range.
+template <class T>
+__device__ __forceinline__ void mul2_split(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+  using P = typename mma_type<T>::pair;
+  const P& pa = reinterpret_cast<const P&>(a);
+  const P& pb = reinterpret_cast<const P&>(b);
+  const P h = __hmul2(pa, pb);
+  const P l = __hfma2(pa, pb, __hneg2(h));
+  hi = reinterpret_cast<const uint32_t&>(h);
+  lo = reinterpret_cast<const uint32_t&>(l);
+}
+
 // Word w (0..3, a compile-time index after unrolling) of a 16-byte vector.
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }
 

@@ -9,9 +9,11 @@
 // a block (row -1) have zero B rows.
 //
 // Accuracy: the state rows are f32; rounding them to b16 alone costs up to 5e-3 relative error in
-// bf16 on strongly gated inputs (the terms of phi(q) . S cancel), the whole SPEC budget. So B is
-// split into hi + lo b16 tiles and each A register multiplies both (twice the tensor work, the
-// same A and accumulators); what is left is the rounding of phi(q) and of the output.
+// bf16 on strongly gated inputs (the terms of phi(q) . S cancel), the whole SPEC budget, and
+// rounding phi(q) costs as much again. So both are split into hi + lo b16 parts and each step
+// multiplies A_hi B_hi + A_hi B_lo + A_lo B_hi (three times the tensor work, the same accumulators;
+// A_lo B_lo is below the rounding of the result). At p = 2 A_hi + A_lo is the exact product
+// x[mid + G] x[last + l]; what is left is the rounding of the output.
 //
 // CTA: 2 warpgroups x MT m64 tiles = 128 MT tokens of one chunk x all e, one query head; K steps of
 // one block. Global loads run two steps ahead in two register stages (staged_loop): a load has
@@ -153,7 +155,7 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
           lastf[mt][hf] = mul2<T>(lastf[mt][hf], f);
         }
       }
-    uint32_t a[kRowsK / 16][MT][4];  // untouched until the step's products complete
+    uint32_t a[kRowsK / 16][MT][4], a_lo[kRowsK / 16][MT][4];  // untouched until the step's products complete
 #pragma unroll
     for (int ks = 0; ks < kRowsK / 16; ++ks) {
 #pragma unroll
@@ -163,7 +165,7 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
           const int hf = q & 1, G = 2 * ks + (q >> 1);
           const uint32_t word = word_of(mids[mt][hf], G / 2);
           const uint32_t both = __byte_perm(word, word, (G & 1) ? 0x3232 : 0x1010);  // x[mid + G] twice
-          a[ks][mt][q] = mul2<T>(both, lastf[mt][hf]);
+          mul2_split<T>(both, lastf[mt][hf], a[ks][mt][q], a_lo[ks][mt][q]);
         }
       const uint64_t desc_hi = kmajor_desc(bt + ks * 2 * kChunk, kChunk * sizeof(T), 128);
       const uint64_t desc_lo = kmajor_desc(bt + b_size + ks * 2 * kChunk, kChunk * sizeof(T), 128);
@@ -172,6 +174,7 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
       for (int mt = 0; mt < MT; ++mt) {
         wgmma_rs<T, N>(acc[mt], a[ks][mt], desc_hi);
         wgmma_rs<T, N>(acc[mt], a[ks][mt], desc_lo);
+        wgmma_rs<T, N>(acc[mt], a_lo[ks][mt], desc_hi);
       }
     }
     wgmma_commit();

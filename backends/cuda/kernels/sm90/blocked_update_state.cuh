@@ -101,28 +101,52 @@ __global__ void __launch_bounds__(256, 1) blocked_update_state_kernel(mma_update
   auto swz = [](int s, int c, int chunks) { return c ^ ((s >> 1) & (chunks - 1)); };
   const T* kbase = static_cast<const T*>(P.k) + batch * P.k_sb + head * P.k_sh;
   const T* vbase = static_cast<const T*>(P.v) + batch * P.v_sb + head * P.v_sh;
+  // Every loop over a thread's items below has a trip count known at compile time, and the
+  // per-thread parts of its addresses are computed once here: the step loop then does no index
+  // arithmetic beyond one add per copy (generic tid-strided loops had compiled to nested loops with
+  // remainders, a third of the step's instructions).
+  constexpr int kKeyCopies = kTok * kKeyChunks / kThreads, kValCopies = kTok * kValChunks / kThreads;
+  static_assert(kKeyCopies * kThreads == kTok * kKeyChunks && kValCopies * kThreads == kTok * kValChunks,
+                "whole copies per thread");
+  struct copy_slot {
+    const T* src;   // the element of the chunk's first step
+    int dst;        // byte offset inside a raw stage
+    int token;      // token of the step
+  };
+  copy_slot kcopy[kKeyCopies], vcopy[kValCopies];
+#pragma unroll
+  for (int j = 0; j < kKeyCopies; ++j) {
+    const int i = tid + j * kThreads, s = i / kKeyChunks, c = i % kKeyChunks;
+    kcopy[j] = {kbase + (first + s) * P.k_st + c * 8, int(sizeof(T)) * (s * d + swz(s, c, kKeyChunks) * 8), s};
+  }
+#pragma unroll
+  for (int j = 0; j < kValCopies; ++j) {
+    const int i = tid + j * kThreads, s = i / kValChunks, c = i % kValChunks;
+    vcopy[j] = {vbase + (first + s) * P.v_st + c * 8, int(sizeof(T)) * (kTok * d + s * E + swz(s, c, kValChunks) * 8), s};
+  }
+  const int64_t k_step = int64_t(kTok) * P.k_st, v_step = int64_t(kTok) * P.v_st;
+  const float* gc_src = P.g.Gc ? P.g.Gc + bh * P.t + first + tid : nullptr;
+  constexpr int kGcOffset = kTok * (d + E) * int(sizeof(T));
   // Issues the copies of step `step` into its raw stage (zeros past the chunk) and commits them as
   // one group (an empty group past the last step, so that every step commits one).
+  const int64_t steps = (len + kTok - 1) / kTok;
   auto issue_step = [&](int64_t step) {
-    if (step < (len + kTok - 1) / kTok) {
+    if (step < steps) {
       unsigned char* raw = raw0 + (step % kRawStages) * kRawBytes;
-      T* rk = reinterpret_cast<T*>(raw);
-      T* rv = rk + kTok * d;
-      float* rg = reinterpret_cast<float*>(rv + kTok * E);
       const int64_t s0 = step * kTok;
-      for (int i = tid; i < kTok * kKeyChunks; i += kThreads) {
-        const int s = i / kKeyChunks, c = i % kKeyChunks;
-        const bool in = s0 + s < len;
-        copy_async<16>(rk + s * d + swz(s, c, kKeyChunks) * 8, in ? kbase + (first + s0 + s) * P.k_st + c * 8 : kbase, in);
+#pragma unroll
+      for (int j = 0; j < kKeyCopies; ++j) {
+        const bool in = s0 + kcopy[j].token < len;
+        copy_async<16>(raw + kcopy[j].dst, in ? kcopy[j].src + step * k_step : kbase, in);
       }
-      for (int i = tid; i < kTok * kValChunks; i += kThreads) {
-        const int s = i / kValChunks, c = i % kValChunks;
-        const bool in = s0 + s < len;
-        copy_async<16>(rv + s * E + swz(s, c, kValChunks) * 8, in ? vbase + (first + s0 + s) * P.v_st + c * 8 : vbase, in);
+#pragma unroll
+      for (int j = 0; j < kValCopies; ++j) {
+        const bool in = s0 + vcopy[j].token < len;
+        copy_async<16>(raw + vcopy[j].dst, in ? vcopy[j].src + step * v_step : vbase, in);
       }
       if (tid < kTok) {
-        const bool in = P.g.Gc != nullptr && s0 + tid < len;
-        copy_async<4>(rg + tid, in ? P.g.Gc + bh * P.t + first + s0 + tid : nullptr, in);
+        const bool in = gc_src != nullptr && s0 + tid < len;
+        copy_async<4>(raw + kGcOffset + 4 * tid, in ? gc_src + s0 : nullptr, in);
       }
     }
     copy_async_commit();
@@ -133,6 +157,7 @@ __global__ void __launch_bounds__(256, 1) blocked_update_state_kernel(mma_update
   // items one 8-column chunk.
   constexpr int kPairs = kTok / 2;
   constexpr int kKeyItems = kPairs * d / 8, kValItems = kPairs * E / 8;
+  constexpr int kMaxKey = (kKeyItems + kThreads - 1) / kThreads, kMaxVal = (kValItems + kThreads - 1) / kThreads;
   auto store_step = [&](int64_t step, int buf) {
     const unsigned char* raw = raw0 + (step % kRawStages) * kRawBytes;
     const T* rk = reinterpret_cast<const T*>(raw);
@@ -140,8 +165,10 @@ __global__ void __launch_bounds__(256, 1) blocked_update_state_kernel(mma_update
     const float* rg = reinterpret_cast<const float*>(rv + kTok * E);
     T* const kb = kT0 + buf * kT_size;
     uint32_t* const vw = reinterpret_cast<uint32_t*>(vb0 + buf * b_size);
-    for (int item = tid; item < kKeyItems; item += kThreads) {
-      const int sp = item % kPairs, c8 = item / kPairs;
+#pragma unroll
+    for (int i = 0; i < kMaxKey; ++i) {
+      const int item = tid + i * kThreads, sp = item % kPairs, c8 = item / kPairs;
+      if (kKeyItems % kThreads != 0 && item >= kKeyItems) break;
       const uint4 k0 = *reinterpret_cast<const uint4*>(rk + (2 * sp) * d + swz(2 * sp, c8, kKeyChunks) * 8);
       const uint4 k1 = *reinterpret_cast<const uint4*>(rk + (2 * sp + 1) * d + swz(2 * sp + 1, c8, kKeyChunks) * 8);
       const T* e0 = reinterpret_cast<const T*>(&k0);
@@ -152,8 +179,10 @@ __global__ void __launch_bounds__(256, 1) blocked_update_state_kernel(mma_update
     }
     // Token pair sp lies in chunk sp / 4 at word sp % 4 of each core-matrix row of the B tile.
     const int64_t s0 = step * kTok;
-    for (int item = tid; item < kValItems; item += kThreads) {
-      const int sp = item % kPairs, c8 = item / kPairs;
+#pragma unroll
+    for (int i = 0; i < kMaxVal; ++i) {
+      const int item = tid + i * kThreads, sp = item % kPairs, c8 = item / kPairs;
+      if (kValItems % kThreads != 0 && item >= kValItems) break;
       const uint4 v0 = *reinterpret_cast<const uint4*>(rv + (2 * sp) * E + swz(2 * sp, c8, kValChunks) * 8);
       const uint4 v1 = *reinterpret_cast<const uint4*>(rv + (2 * sp + 1) * E + swz(2 * sp + 1, c8, kValChunks) * 8);
       const T* e0 = reinterpret_cast<const T*>(&v0);
@@ -173,7 +202,6 @@ __global__ void __launch_bounds__(256, 1) blocked_update_state_kernel(mma_update
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) acc[mt][i] = 0.f;
 
-  const int64_t steps = (len + kTok - 1) / kTok;
   for (int i = 0; i < kRawStages - 1; ++i) issue_step(i);
   copy_async_wait<kRawStages - 2>();  // step 0's copies
   __syncthreads();
