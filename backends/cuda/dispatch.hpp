@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -32,9 +33,12 @@ class workspace {
   static workspace for_sizing() { return workspace(nullptr, 0, true); }
   workspace(void* base, size_t bytes) : workspace(base, bytes, false) {}
   bool sizing() const { return sizing_; }
+  // Pieces start at 256-byte aligned addresses (kernels load tables as 16-byte vectors), whatever
+  // the alignment of the caller's workspace: the sizing pass counts 255 bytes of padding per piece.
   template <class T>
   T* take(size_t count) {
-    const size_t at = (used_ + 255) / 256 * 256;  // 256-byte aligned pieces
+    const uintptr_t base = reinterpret_cast<uintptr_t>(base_);
+    const size_t at = sizing() ? used_ + 255 : (base + used_ + 255) / 256 * 256 - base;
     used_ = at + count * sizeof(T);
     if (!sizing() && used_ > bytes_) throw std::length_error("workspace too small");
     return sizing() ? nullptr : reinterpret_cast<T*>(base_ + at);

@@ -39,15 +39,21 @@ if has bench; then
   stamp() { python3 -c 'import json,sys; [print(json.dumps({**json.loads(l), "commit": sys.argv[1], "date": sys.argv[2]})) for l in sys.stdin if l.startswith("{")]' "$commit" "$(date -u +%F)"; }
   # Both feature-map layouts: exact sympow (D = 2080) and tiled:8 (D = 2304, the tensor-core layout).
   for layout in sympow tiled:8; do
-    $exe bench power_attention --backend cuda --ts 4096,16384,65536 --chunk 512 --layout $layout --reps 30 | stamp |
-      tee -a "$out/p1_power_attention.jsonl"
-    for op in update_state query_state chunk_attention discumsum; do
+    for c in 512 1024; do
+      $exe bench power_attention --backend cuda --ts 4096,16384,65536 --chunk $c --layout $layout --reps 30 | stamp |
+        tee -a "$out/p1_power_attention.jsonl"
+    done
+    for op in update_state query_state chunk_attention; do
       $exe bench $op --backend cuda --ts 4096,16384,65536 --chunk 1024 --layout $layout --reps 30 | stamp |
         tee -a "$out/p1_core_ops.jsonl"
     done
+    # discumsum at P1 sums the [D, e] chunk states: its feature dim is the expanded D.
+    D=$([ $layout = sympow ] && echo 2080 || echo 2304)
+    $exe bench discumsum --backend cuda --ts 4096,16384,65536 --chunk 1024 --d $D --reps 30 | stamp |
+      tee -a "$out/p1_core_ops.jsonl"
   done
   $exe bench power_attention_step --backend cuda --reps 30 | stamp | tee "$out/p1_power_attention_step.jsonl"
-  for c in 256 1024 2048; do
+  for c in 256 2048; do
     $exe bench power_attention --backend cuda --ts 4096,16384,65536 --chunk $c --reps 20 | stamp | tee -a "$out/p1_chunk_sweep.jsonl"
   done
   $exe bench power_attention --backend cuda --ts 1024,4096 --chunk 0 --reps 20 | stamp | tee -a "$out/p1_chunk_sweep.jsonl"

@@ -133,18 +133,4 @@ __device__ __forceinline__ cta_coords decode_cta(int tiles, int64_t heads, int64
   return c;
 }
 
-// ------------------------------------------------------------------ pipelines
-// Runs body(step, load_into, store_from) for step = 0 .. steps-1 over NS register stages (1 or 2):
-// at step s the body loads step s + NS into one stage while it stores step s + 1 from another to
-// shared memory. Two stages alternate (the loop is unrolled by two, so that each stays in
-// registers); one stage is both.
-template <int NS, class Stage, class Body>
-__device__ __forceinline__ void staged_loop(int64_t steps, Stage (&stage)[NS], Body&& body) {
-  static_assert(NS == 1 || NS == 2, "one or two register stages");
-  for (int64_t step = 0; step < steps; step += NS) {
-    body(step, stage[0], stage[NS - 1]);
-    if (NS == 2 && step + 1 < steps) body(step + 1, stage[NS - 1], stage[0]);
-  }
-}
-
 }  // namespace expanse_cuda

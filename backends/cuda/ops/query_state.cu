@@ -25,7 +25,7 @@ __global__ void simple_query_state_kernel(query_inputs in, gates g, const phi_en
   for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < warps; w += stride) {
     const int64_t qh = w % pb.hq, i = (w / pb.hq) % pb.t, batch = w / (pb.hq * pb.t);
     const int64_t kv = qh / (pb.hq / pb.h), m = i / pb.c, bh = batch * pb.h + kv;
-    const float f = scale_p * (g.Gc ? expf(g.cum(bh, pb.t, i)) : 1.f);
+    const float f = scale_p, gi = g.cum(bh, pb.t, i);
     const bool intra = in.y.data != nullptr;
     float rm = 0.f, lv = 0.f;
     if (intra) {
@@ -55,7 +55,7 @@ __global__ void simple_query_state_kernel(query_inputs in, gates g, const phi_en
         const int64_t col = col0 + lane + 32 * j;
         if (col >= pb.e) continue;
         const float yv = intra ? loadf(in.y, off4(in.y, batch, i, qh, col)) : 0.f;
-        const float o = combine_output(acc[j] * f, den * f, intra, yv, lv, rm, normalize != 0);
+        const float o = combine_output(acc[j] * f, den * f, gi, intra, yv, lv, rm, normalize != 0);
         static_cast<T*>(in.o.data)[off4(in.o, batch, i, qh, col)] = from_f32<T>(o);
       }
     }
@@ -226,9 +226,21 @@ void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_
   check_launch("wgmma query_state");
 }
 
+// Shared memory of the blocked kernel the launcher below picks (b16 types are 2 bytes each).
+static size_t blocked_query_state_smem_bytes(const expanse_problem& pb) {
+  size_t bytes = 0;
+  if (pb.e == 32) bytes = blocked_query_state_smem<__nv_bfloat16, 32, 2>(int(pb.d));
+  if (pb.e == 64) bytes = blocked_query_state_smem<__nv_bfloat16, 64, 2>(int(pb.d));
+  if (pb.e == 128) bytes = blocked_query_state_smem<__nv_bfloat16, 128, 1>(int(pb.d));
+  return bytes;
+}
+
 std::string blocked_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props) {
   if (phi_block_count(pb) == 0) return "needs p >= 2 with the tiled:8 layout, or p = 2 with the symmetric layout";
-  return wgmma_query_state_declines(pb, in, props);
+  std::string why = wgmma_query_state_declines(pb, in, props);
+  if (why.empty() && blocked_query_state_smem_bytes(pb) > props.smem_optin)
+    why = "d = " + std::to_string(pb.d) + " with e = " + std::to_string(pb.e) + " needs more shared memory than a block may have";
+  return why;
 }
 
 void launch_blocked_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,

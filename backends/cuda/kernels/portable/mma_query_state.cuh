@@ -52,22 +52,18 @@ constexpr size_t mma_query_state_smem(int d) {
          2 * size_t(kRowsK) * 4 * sizeof(int);
 }
 
-// o = (num + y e^rm) / (den + l e^rm), scaled so that neither exponential overflows.
-__device__ __forceinline__ float combine_output(float num, float den, bool intra, float y, float l, float rm,
+// o = (num e^g + y e^rm) / (den e^g + l e^rm) (the denominator only when normalizing), with g the
+// token's log decay from its chunk start (Gc_i) and rm the intra-chunk row maximum. Normalized, both
+// terms are scaled by e^-max(g, rm) first: e^g alone underflows in f32 late in long, strongly gated
+// chunks (Gc_i < -104), where the ratio itself is well defined.
+__device__ __forceinline__ float combine_output(float num, float den, float g, bool intra, float y, float l, float rm,
                                                 bool normalize) {
+  if (!normalize) return num * __expf(g) + (intra ? y * __expf(rm) : 0.f);
   if (intra) {
-    if (!normalize) return num + y * expf(rm);
-    if (rm > 0.f) {
-      const float f = expf(-rm);
-      num = num * f + y;
-      den = den * f + l;
-    } else {
-      const float f = expf(rm);
-      num += f * y;
-      den += f * l;
-    }
+    const float top = fmaxf(g, rm), fq = __expf(g - top), fi = __expf(rm - top);
+    num = num * fq + y * fi;
+    den = den * fq + l * fi;
   }
-  if (!normalize) return num;
   return den != 0.f ? num / den : 0.f;
 }
 
@@ -77,7 +73,7 @@ __device__ __forceinline__ float combine_output(float num, float den, bool intra
 template <class T, int kNT, class Num>
 __device__ __forceinline__ void store_query_output(const mma_query_state_params& P, T* obase, int64_t batch,
                                                    int64_t qh, int64_t bh, int64_t i, int tq, float den, Num num) {
-  const float f = P.scale_p * (P.g.Gc ? __expf(P.g.Gc[bh * P.t + i]) : 1.f);
+  const float f = P.scale_p, g = P.g.Gc ? P.g.Gc[bh * P.t + i] : 0.f;
   den *= f;
   float lv = 0.f, rm = 0.f;
   const bool intra = P.y != nullptr;
@@ -96,8 +92,8 @@ __device__ __forceinline__ void store_query_output(const mma_query_state_params&
       yv0 = yrow[col * P.y_se];
       yv1 = yrow[(col + 1) * P.y_se];
     }
-    out[col * P.o_se] = from_f32<T>(combine_output(num(nt, 0) * f, den, intra, yv0, lv, rm, normalize));
-    out[(col + 1) * P.o_se] = from_f32<T>(combine_output(num(nt, 1) * f, den, intra, yv1, lv, rm, normalize));
+    out[col * P.o_se] = from_f32<T>(combine_output(num(nt, 0) * f, den, g, intra, yv0, lv, rm, normalize));
+    out[(col + 1) * P.o_se] = from_f32<T>(combine_output(num(nt, 1) * f, den, g, intra, yv1, lv, rm, normalize));
   }
 }
 

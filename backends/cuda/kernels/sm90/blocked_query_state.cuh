@@ -16,18 +16,32 @@
 // x[mid + G] x[last + l]; what is left is the rounding of the output.
 //
 // CTA: 2 warpgroups x MT m64 tiles = 128 MT tokens of one chunk x all e, one query head; K steps of
-// one block. Global loads run two steps ahead in two register stages (staged_loop): a load has
-// two steps' time to arrive before its data is split and stored.
+// one block. The state rows of a block (and its z entries) arrive by cp.async three steps ahead in a
+// ring of raw f32 stages, located by the block's table entries, which arrive two steps before that
+// in a ring of their own; one pass per step splits a raw stage into the hi and lo B tiles. (Loads
+// into register stages had stalled the step on their results: at 255 registers the compiler kept
+// them close to their use.)
 #pragma once
 
 #include "kernels/sm90/wgmma_query_state.cuh"
 
 namespace expanse_cuda {
 
+namespace blocked_query_state_cfg {
+constexpr int kRawStages = 3;    // state rows of blocks s+1 (being split), s+2 (landing), s+3 (issued)
+constexpr int kTableStages = 8;  // table entries: read from 3 steps before their block to 1 before
+constexpr int kTableAhead = 5;   // table entries are issued this many steps ahead
+template <int E>
+constexpr size_t raw_stage_bytes() { return size_t(wgmma_query_state_cfg::kRowsK) * (E + 1) * sizeof(float); }
+constexpr size_t table_stage_bytes() { return size_t(wgmma_query_state_cfg::kRowsK) * sizeof(phi_block_row); }
+}  // namespace blocked_query_state_cfg
+
 template <class T, int E, int MT>
 constexpr size_t blocked_query_state_smem(int d) {
   using namespace wgmma_query_state_cfg;
-  return 4 * size_t(b_tile_elems<E + 8>()) * sizeof(T) + size_t(128 * MT) * (d + 8) * sizeof(T);
+  using namespace blocked_query_state_cfg;
+  return 4 * size_t(b_tile_elems<E + 8>()) * sizeof(T) + size_t(128 * MT) * (d + 8) * sizeof(T) +
+         kRawStages * raw_stage_bytes<E>() + kTableStages * table_stage_bytes();
 }
 
 // PM: 2 for p = 2 (fixed factors ignored), 4 for p = 3, 4 (fixed index d reads a column of ones).
@@ -61,57 +75,72 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
 
   init_query_tiles<T, kTok, kNT, kChunk>(P, qs, qs_stride, batch, qh, tok0, ntok, bt0, 4, b_size);
 
-  // Global -> register staging of one block's state rows (f32), coefficients and z.
+  // Rings after the query tile: raw stages (rows [64][E] f32, 16-byte chunk c of row r at
+  // c ^ ((r / 2) % chunks) for conflict-free reads of row pairs, then z [64]), table stages.
+  using namespace blocked_query_state_cfg;
+  constexpr int kRawBytes = int(raw_stage_bytes<E>());
+  unsigned char* const raw0 = reinterpret_cast<unsigned char*>(qs + 128 * MT * qs_stride);
+  const phi_block_row* const tab0 = reinterpret_cast<const phi_block_row*>(raw0 + kRawStages * kRawBytes);
+  constexpr int kRowChunks = E / 4;  // 16-byte chunks per state row
+  auto swz = [](int r, int c) { return c ^ ((r >> 1) & (kRowChunks - 1)); };
   const float* Sbase = P.S + batch * P.S_sb + m * P.S_sn + kv * P.S_sh;
   const float* zbase = P.z ? P.z + batch * P.z_sb + m * P.z_sn + kv * P.z_sh : nullptr;
-  struct stage {
-    float4 s[kMaxItems][2];
-    float coef[kMaxItems][2];
-    float z[2];
-    phi_block block;
+  const int64_t steps = P.blocks.count;
+  auto table_stage = [&](int64_t blk) { return tab0 + (blk % kTableStages) * kRowsK; };
+  auto raw_stage = [&](int64_t blk) { return raw0 + (blk % kRawStages) * kRawBytes; };
+  // The table entries of block blk: 512 bytes, 16 per thread of the first 32.
+  auto issue_table = [&](int64_t blk) {
+    if (blk < steps && tid < kRowsK * int(sizeof(phi_block_row)) / 16)
+      copy_async<16>(const_cast<phi_block_row*>(table_stage(blk)) + 2 * tid, P.blocks.row + blk * kRowsK + 2 * tid, true);
   };
-  auto load_step = [&](stage& st, int64_t blk) {
-    st.block = P.blocks.block[blk];
+  // The state rows and z entries of block blk (zeros for padding rows), by its table stage.
+  constexpr int kCopies = kRowsK * kRowChunks / kThreads;
+  static_assert(kCopies * kThreads == kRowsK * kRowChunks, "whole copies per thread");
+  auto issue_rows = [&](int64_t blk) {
+    if (blk >= steps) return;
+    const phi_block_row* tab = table_stage(blk);
+    unsigned char* raw = raw_stage(blk);
 #pragma unroll
-    for (int i = 0; i < kMaxItems; ++i) {
-      const int item = tid + i * kThreads, rp = item % kRowPairs, c4 = item / kRowPairs;
-      if (item < kItems)
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const phi_block_row r = P.blocks.row[blk * 64 + 2 * rp + u];
-          st.s[i][u] = r.row >= 0 ? *reinterpret_cast<const float4*>(Sbase + r.row * P.S_sD + c4 * 4) : make_float4(0, 0, 0, 0);
-          st.coef[i][u] = r.coef;
-        }
+    for (int j = 0; j < kCopies; ++j) {
+      const int i = tid + j * kThreads, r = i / kRowChunks, c = i % kRowChunks;
+      const int32_t row = tab[r].row;
+      copy_async<16>(raw + (r * kRowChunks + swz(r, c)) * 16, row >= 0 ? Sbase + int64_t(row) * P.S_sD + c * 4 : Sbase,
+                     row >= 0);
     }
-    if (tid < kRowPairs)
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const phi_block_row r = P.blocks.row[blk * 64 + 2 * tid + u];
-        st.z[u] = zbase && r.row >= 0 ? zbase[r.row * P.z_sD] : 0.f;  // times its coefficient at the store
-      }
+    if (tid < kRowsK) {
+      const int32_t row = tab[tid].row;
+      const bool in = zbase != nullptr && row >= 0;
+      copy_async<4>(raw + kRowsK * E * 4 + tid * 4, in ? zbase + int64_t(row) * P.z_sD : nullptr, in);
+    }
   };
-  // Row pair rp lies in chunk rp / 4 at word rp % 4 of each core-matrix row; the lo tile follows hi.
-  auto store_step = [&](const stage& st, int buf) {
+  // Raw stage of block blk -> hi and lo B tiles of buffer buf, times the rows' coefficients. Row
+  // pair rp lies in chunk rp / 4 at word rp % 4 of each core-matrix row; the lo tile follows hi.
+  auto store_step = [&](int64_t blk, int buf) {
+    const unsigned char* raw = raw_stage(blk);
+    const phi_block_row* tab = table_stage(blk);
     uint32_t* const bw = reinterpret_cast<uint32_t*>(bt0 + 2 * buf * b_size);
     constexpr int lo = b_size / 2;  // words
 #pragma unroll
     for (int i = 0; i < kMaxItems; ++i) {
       const int item = tid + i * kThreads, rp = item % kRowPairs, c4 = item / kRowPairs;
       if (item < kItems) {
-        const float* s0 = reinterpret_cast<const float*>(&st.s[i][0]);
-        const float* s1 = reinterpret_cast<const float*>(&st.s[i][1]);
+        const float4 s0 = *reinterpret_cast<const float4*>(raw + ((2 * rp) * kRowChunks + swz(2 * rp, c4)) * 16);
+        const float4 s1 = *reinterpret_cast<const float4*>(raw + ((2 * rp + 1) * kRowChunks + swz(2 * rp + 1, c4)) * 16);
+        const float k0 = tab[2 * rp].coef, k1 = tab[2 * rp + 1].coef;
+        const float* v0 = reinterpret_cast<const float*>(&s0);
+        const float* v1 = reinterpret_cast<const float*>(&s1);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int col = c4 * 4 + j;
           uint32_t* out = bw + (rp / 4) * (kChunk / 2) + (col / 8) * 32 + (col % 8) * 4 + rp % 4;
-          split2_f32<T>(s0[j] * st.coef[i][0], s1[j] * st.coef[i][1], out[0], out[lo]);
+          split2_f32<T>(v0[j] * k0, v1[j] * k1, out[0], out[lo]);
         }
       }
     }
-    // Item 0 of thread tid < kRowPairs is row pair tid: coef[0] holds its coefficients.
-    if (tid < kRowPairs) {
+    if (tid < kRowPairs) {  // the z entries of row pair tid
+      const float* z = reinterpret_cast<const float*>(raw + kRowsK * E * 4);
       uint32_t* out = bw + (tid / 4) * (kChunk / 2) + kNT * 32 + tid % 4;
-      split2_f32<T>(st.z[0] * st.coef[0][0], st.z[1] * st.coef[0][1], out[0], out[lo]);
+      split2_f32<T>(z[2 * tid] * tab[2 * tid].coef, z[2 * tid + 1] * tab[2 * tid + 1].coef, out[0], out[lo]);
     }
   };
 
@@ -128,17 +157,31 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) qrow[mt][hf] = qs + ((mt * 2 + wg) * 64 + wq * 16 + hf * 8 + g) * qs_stride;
 
-  const int64_t steps = P.blocks.count;
-  stage stages[2];
-  load_step(stages[0], 0);
-  phi_block cur = stages[0].block;  // the block of the step being multiplied
-  store_step(stages[0], 0);
-  if (steps > 1) load_step(stages[1], 1);
+  // Prologue: the table entries of blocks 0 .. kTableAhead - 1, then the rows of blocks 0, 1, 2
+  // (one group each); block 0 split into buffer 0, block 1 landed.
+  for (int64_t b = 0; b < kTableAhead; ++b) issue_table(b);
+  copy_async_commit();
+  copy_async_wait<0>();
+  __syncthreads();
+  for (int64_t b = 0; b < 3; ++b) {
+    issue_rows(b);
+    copy_async_commit();
+  }
+  copy_async_wait<2>();
+  __syncthreads();
+  store_step(0, 0);
+  copy_async_wait<1>();
   fence_async_shared();
   __syncthreads();
-  staged_loop<2>(steps, stages, [&](int64_t step, stage& load_into, const stage& store_from) {
+  phi_block cur = P.blocks.block[0];  // the block of the step being multiplied
+  for (int64_t step = 0; step < steps; ++step) {
     const int buf = static_cast<int>(step & 1);
-    if (step + 2 < steps) load_step(load_into, step + 2);
+    // One group per step: the table entries of step + 5 and the rows of step + 3 (whose table
+    // entries landed two steps ago).
+    issue_table(step + kTableAhead);
+    issue_rows(step + 3);
+    copy_async_commit();
+    const phi_block next = step + 1 < steps ? P.blocks.block[step + 1] : cur;
     const T* bt = bt0 + 2 * buf * b_size;
     // Per token: x[mid .. mid + 7] and the pair at last + 2 tq times the fixed factors.
     uint4 mids[MT][2];
@@ -178,16 +221,15 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
       }
     }
     wgmma_commit();
-    if (step + 1 < steps) {
-      store_step(store_from, buf ^ 1);
-      cur = store_from.block;
-    }
+    if (step + 1 < steps) store_step(step + 1, buf ^ 1);
+    cur = next;
+    copy_async_wait<1>();  // the group of the previous step: rows of step + 2, table of step + 4
     fence_async_shared();
     wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
     __syncthreads();
-  });
+  }
 
   // Epilogue: decay, scale^p, the intra-chunk term, normalization (den: column E, held by tq = 0).
   T* obase = static_cast<T*>(P.o) + batch * P.o_sb + qh * P.o_sh;
