@@ -96,8 +96,8 @@ TEST_CASE("chunked equals quadratic for every chunk size, and both equal the rec
 TEST_CASE("the automatic chunk size is the documented rule") {
   CHECK(expanse_auto_chunk_size(1) == 0);
   CHECK(expanse_auto_chunk_size(4096) == 0);
-  CHECK(expanse_auto_chunk_size(4097) == 512);
-  CHECK(expanse_auto_chunk_size(65536) == 512);
+  CHECK(expanse_auto_chunk_size(4097) == 1024);
+  CHECK(expanse_auto_chunk_size(65536) == 1024);
 }
 
 TEST_CASE("t = 1 and odd p unnormalized") {

@@ -133,4 +133,4 @@ EXPANSE_API void expanse_power_attention_step_args_init(expanse_power_attention_
 
 }  // extern "C"
 
-extern "C" EXPANSE_API int64_t expanse_auto_chunk_size(int64_t t) { return t <= 4096 ? 0 : 512; }
+extern "C" EXPANSE_API int64_t expanse_auto_chunk_size(int64_t t) { return t <= 4096 ? 0 : 1024; }

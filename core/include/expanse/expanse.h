@@ -178,8 +178,8 @@ typedef struct expanse_chunk_attention_args {
 /* chunk_size of power_attention: let the library choose by shape (expanse_auto_chunk_size). */
 #define EXPANSE_CHUNK_AUTO (-1)
 /* The chunk size EXPANSE_CHUNK_AUTO picks for t tokens: 0 (the quadratic form) up to t = 4096, else
- * 512. Measured on the H100 with the cuda backend at config P1 (docs/performance.md): quadratic is
- * fastest at t <= 4096, and c = 512 beat 256, 1024 and 2048 at t = 16384 and 65536. */
+ * 1024. Measured on the H100 with the cuda backend at config P1 (docs/performance.md): quadratic is
+ * fastest at t <= 4096, and c = 1024 beat 256, 512 and 2048 at t = 16384 and 65536. */
 EXPANSE_API int64_t expanse_auto_chunk_size(int64_t t);
 
 /* Gated power attention. chunk_size 0 means the quadratic form, EXPANSE_CHUNK_AUTO a choice by shape. initial_S/initial_z [b,h,D,e]/[b,h,D]
