@@ -52,6 +52,24 @@ constexpr size_t mma_query_state_smem(int d) {
          2 * size_t(kRowsK) * 4 * sizeof(int);
 }
 
+// The coordinates of a query-state CTA: `tokens` query tokens (tile `tile` of its chunk) of one
+// query head; ntok <= 0 when the tile lies past the chunk's end.
+struct query_tile {
+  int64_t qh, chunk, batch, kv, bh;  // query head, chunk, batch, key/value head, batch * h + kv
+  int64_t tok0, ntok;                // first token, tokens in the tile
+};
+__device__ __forceinline__ query_tile decode_query_tile(const mma_query_state_params& P, int tokens) {
+  const cta_coords at = decode_cta(P.tok_tiles, P.hq, P.n);
+  query_tile q;
+  q.qh = at.head; q.chunk = at.chunk; q.batch = at.batch;
+  q.kv = q.qh / (P.hq / P.h);
+  q.bh = q.batch * P.h + q.kv;
+  const int64_t chunk_first = q.chunk * P.c, chunk_len = min(P.c, P.t - chunk_first);
+  q.tok0 = chunk_first + int64_t(at.tile) * tokens;
+  q.ntok = min(int64_t(tokens), chunk_first + chunk_len - q.tok0);
+  return q;
+}
+
 // o = (num e^g + y e^rm) / (den e^g + l e^rm) (the denominator only when normalizing), with g the
 // token's log decay from its chunk start (Gc_i) and rm the intra-chunk row maximum. Normalized, both
 // terms are scaled by e^-max(g, rm) first: e^g alone underflows in f32 late in long, strongly gated
@@ -114,14 +132,9 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
   constexpr int sidx_size = kRowsK * 4;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-  const cta_coords at = decode_cta(P.tok_tiles, P.hq, P.n);
-  const int tile = at.tile;
-  const int64_t qh = at.head, m = at.chunk, batch = at.batch;
-  const int64_t kv = qh / (P.hq / P.h), bh = batch * P.h + kv;
-  const int64_t chunk_first = m * P.c, chunk_len = min(P.c, P.t - chunk_first);
-  const int64_t tok0 = chunk_first + int64_t(tile) * kTokens;  // first token of this CTA
-  const int64_t ntok = min(int64_t(kTokens), chunk_first + chunk_len - tok0);
-  if (ntok <= 0) return;
+  const query_tile at = decode_query_tile(P, kTokens);
+  if (at.ntok <= 0) return;
+  const int64_t qh = at.qh, m = at.chunk, batch = at.batch, kv = at.kv, bh = at.bh, tok0 = at.tok0, ntok = at.ntok;
 
   // The query tile, once.
   const T* qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;

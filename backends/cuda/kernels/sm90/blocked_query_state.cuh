@@ -64,14 +64,9 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   const int wg = warp >> 2, wq = warp & 3;
-  const cta_coords at = decode_cta(P.tok_tiles, P.hq, P.n);
-  const int tile = at.tile;
-  const int64_t qh = at.head, m = at.chunk, batch = at.batch;
-  const int64_t kv = qh / (P.hq / P.h), bh = batch * P.h + kv;
-  const int64_t chunk_first = m * P.c, chunk_len = min(P.c, P.t - chunk_first);
-  const int64_t tok0 = chunk_first + int64_t(tile) * kTok;
-  const int64_t ntok = min(int64_t(kTok), chunk_first + chunk_len - tok0);
-  if (ntok <= 0) return;
+  const query_tile at = decode_query_tile(P, kTok);
+  if (at.ntok <= 0) return;
+  const int64_t qh = at.qh, m = at.chunk, batch = at.batch, kv = at.kv, bh = at.bh, tok0 = at.tok0, ntok = at.ntok;
 
   init_query_tiles<T, kTok, kNT, kChunk>(P, qs, qs_stride, batch, qh, tok0, ntok, bt0, 4, b_size);
 
