@@ -228,10 +228,14 @@ void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_
 
 // Shared memory of the blocked kernel the launcher below picks (b16 types are 2 bytes each).
 static size_t blocked_query_state_smem_bytes(const expanse_problem& pb) {
+  using namespace blocked_query_state_cfg;
+  const int d = static_cast<int>(pb.d);
   size_t bytes = 0;
-  if (pb.e == 32) bytes = blocked_query_state_smem<__nv_bfloat16, 32, 2>(int(pb.d));
-  if (pb.e == 64) bytes = blocked_query_state_smem<__nv_bfloat16, 64, 2>(int(pb.d));
-  if (pb.e == 128) bytes = blocked_query_state_smem<__nv_bfloat16, 128, 1>(int(pb.d));
+  with_b16_head_dims(EXPANSE_BF16, 32, pb.e, [&](auto, auto, auto e_tag) {
+    constexpr int E = decltype(e_tag)::value;
+    bytes = token_tiles<E>(d) == 2 ? blocked_query_state_smem<__nv_bfloat16, E, 2>(d)
+                                    : blocked_query_state_smem<__nv_bfloat16, E, 1>(d);
+  });
   return bytes;
 }
 
@@ -246,21 +250,27 @@ std::string blocked_query_state_declines(const expanse_problem& pb, const query_
 void launch_blocked_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
                                 const expanse_problem& pb, bool normalize, launch_context& lc) {
   mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
-  // m64 tiles per warpgroup: 256 tokens per CTA, 128 at e = 128 (the accumulators' registers).
-  const int tokens = pb.e <= 64 ? 256 : 128;
+  const int mt = pb.e == 128 ? blocked_query_state_cfg::token_tiles<128>(P.d)
+                              : blocked_query_state_cfg::token_tiles<64>(P.d);  // the same for e = 32
+  const int tokens = 128 * mt;
   P.tok_tiles = static_cast<int>((pb.c + tokens - 1) / tokens);
   const int64_t ctas = int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
   if (ctas == 0) return;
   with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int E = decltype(e_tag)::value;
-    constexpr int MT = E <= 64 ? 2 : 1;
-    auto launch = [&](auto kernel) {
-      launch_with_smem(kernel, ctas, wgmma_query_state_cfg::kThreads, blocked_query_state_smem<T, E, MT>(P.d),
-                       lc.stream, P);
+    auto launch_mt = [&](auto mt_tag) {
+      constexpr int MT = decltype(mt_tag)::value;
+      auto launch = [&](auto kernel) {
+        launch_with_smem(kernel, ctas, wgmma_query_state_cfg::kThreads, blocked_query_state_smem<T, E, MT>(P.d),
+                         lc.stream, P);
+      };
+      if (pb.p == 2) launch(blocked_query_state_kernel<T, E, 2, MT>);
+      else if constexpr (std::is_same_v<T, __nv_bfloat16>) launch(blocked_query_state_kernel<T, E, 4, MT>);  // f16 takes p <= 2
     };
-    if (pb.p == 2) launch(blocked_query_state_kernel<T, E, 2, MT>);
-    else if constexpr (std::is_same_v<T, __nv_bfloat16>) launch(blocked_query_state_kernel<T, E, 4, MT>);  // f16 takes p <= 2
+    if constexpr (E == 128) launch_mt(std::integral_constant<int, 1>{});
+    else if (mt == 2) launch_mt(std::integral_constant<int, 2>{});
+    else launch_mt(std::integral_constant<int, 1>{});
   });
   check_launch("blocked query_state");
 }

@@ -71,47 +71,59 @@ __device__ __forceinline__ query_tile decode_query_tile(const mma_query_state_pa
 }
 
 // o = (num e^g + y e^rm) / (den e^g + l e^rm) (the denominator only when normalizing), with g the
-// token's log decay from its chunk start (Gc_i) and rm the intra-chunk row maximum. Normalized, both
-// terms are scaled by e^-max(g, rm) first: e^g alone underflows in f32 late in long, strongly gated
-// chunks (Gc_i < -104), where the ratio itself is well defined.
-__device__ __forceinline__ float combine_output(float num, float den, float g, bool intra, float y, float l, float rm,
-                                                bool normalize) {
-  if (!normalize) return num * __expf(g) + (intra ? y * __expf(rm) : 0.f);
+// token's log decay from its chunk start (Gc_i) and rm the intra-chunk row maximum, as per-token
+// factors: o = (num wn + y wy) r. Normalized, both terms are scaled by e^-max(g, rm) first: e^g
+// alone underflows in f32 late in long, strongly gated chunks (Gc_i < -104), where the ratio itself
+// is well defined; a denominator under 2^-64 is scaled by 2^64 (exact) before its reciprocal.
+struct output_weights {
+  float wn, wy, r;
+};
+__device__ __forceinline__ output_weights output_weights_of(float den, float g, bool intra, float l, float rm,
+                                                            bool normalize) {
+  if (!normalize) return {__expf(g), intra ? __expf(rm) : 0.f, 1.f};
+  float fq = 1.f, fi = 0.f;
   if (intra) {
-    const float top = fmaxf(g, rm), fq = __expf(g - top), fi = __expf(rm - top);
-    num = num * fq + y * fi;
+    const float top = fmaxf(g, rm);
+    fq = __expf(g - top);
+    fi = __expf(rm - top);
     den = den * fq + l * fi;
   }
-  return den != 0.f ? num / den : 0.f;
+  if (den == 0.f) return {0.f, 0.f, 0.f};
+  const float s = fabsf(den) < 0x1p-64f ? 0x1p64f : 1.f;
+  return {fq * s, fi * s, 1.f / (den * s)};
+}
+__device__ __forceinline__ float combine_output(float num, float den, float g, bool intra, float y, float l, float rm,
+                                                bool normalize) {
+  const output_weights w = output_weights_of(den, g, intra, l, rm, normalize);
+  return (num * w.wn + y * w.wy) * w.r;
 }
 
 // Writes token i's outputs from its raw accumulators (of an m16n8 layout: this lane has columns
 // 8 nt + 2 tq + u; num(nt, u) returns them) and raw denominator: applies the decay exp(Gc_i) and
-// scale^p, adds the intra-chunk term and normalizes.
+// scale^p, adds the intra-chunk term and normalizes (the factors once per token, then one
+// multiply-add per output).
 template <class T, int kNT, class Num>
 __device__ __forceinline__ void store_query_output(const mma_query_state_params& P, T* obase, int64_t batch,
                                                    int64_t qh, int64_t bh, int64_t i, int tq, float den, Num num) {
   const float f = P.scale_p, g = P.g.Gc ? P.g.Gc[bh * P.t + i] : 0.f;
-  den *= f;
   float lv = 0.f, rm = 0.f;
   const bool intra = P.y != nullptr;
   if (intra) {
     rm = P.rowmax[batch * P.r_sb + i * P.r_st + qh * P.r_sh];
     if (P.l) lv = P.l[batch * P.l_sb + i * P.l_st + qh * P.l_sh];
   }
-  const bool normalize = P.normalize != 0;
+  const output_weights w = output_weights_of(den * f, g, intra, lv, rm, P.normalize != 0);
+  const float wn = w.wn * f;
   T* out = obase + i * P.o_st;
+  const float* yrow = intra ? P.y + batch * P.y_sb + i * P.y_st + qh * P.y_sh : nullptr;
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {
-    const int col = nt * 8 + 2 * tq;
-    float yv0 = 0.f, yv1 = 0.f;
-    if (intra) {
-      const float* yrow = P.y + batch * P.y_sb + i * P.y_st + qh * P.y_sh;
-      yv0 = yrow[col * P.y_se];
-      yv1 = yrow[(col + 1) * P.y_se];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int col = nt * 8 + 2 * tq + u;
+      const float yv = intra ? yrow[col * P.y_se] : 0.f;
+      out[col * P.o_se] = from_f32<T>((num(nt, u) * wn + yv * w.wy) * w.r);
     }
-    out[col * P.o_se] = from_f32<T>(combine_output(num(nt, 0) * f, den, g, intra, yv0, lv, rm, normalize));
-    out[(col + 1) * P.o_se] = from_f32<T>(combine_output(num(nt, 1) * f, den, g, intra, yv1, lv, rm, normalize));
   }
 }
 

@@ -28,9 +28,24 @@
 namespace expanse_cuda {
 
 namespace blocked_query_state_cfg {
-constexpr int kRawStages = 3;    // state rows of blocks s+1 (being split), s+2 (landing), s+3 (issued)
-constexpr int kTableStages = 8;  // table entries: read from 3 steps before their block to 1 before
-constexpr int kTableAhead = 5;   // table entries are issued this many steps ahead
+// Raw stages: at step s the rows of block s + 1 are split, those of s + 2 .. s + R - 1 are landing and
+// those of s + R are issued (R = 3 where four stages would not fit, at e = 128).
+template <int E>
+constexpr int raw_stages() { return E <= 64 ? 4 : 3; }
+// Table entries are issued 2 R - 1 steps ahead, so that they have landed when their rows are issued,
+// and live until the step before their block.
+template <int E>
+constexpr int table_ahead() { return 2 * raw_stages<E>() - 1; }
+// B tiles (hi + lo) per buffer ring: with three, a step splits the next block into the buffer of
+// the step before last, whose products are complete, without waiting for the other warpgroup.
+template <int E>
+constexpr int b_buffers() { return E <= 64 ? 3 : 2; }
+// m64 tiles per warpgroup: 256 tokens per CTA where the accumulators' registers and the query tile's
+// shared memory allow it.
+template <int E>
+constexpr int token_tiles(int d) { return E <= 64 && d <= 128 ? 2 : 1; }
+constexpr int kTableStages = 8;
+static_assert(table_ahead<64>() + 1 <= kTableStages && table_ahead<128>() + 1 <= kTableStages, "table ring");
 template <int E>
 constexpr size_t raw_stage_bytes() { return size_t(wgmma_query_state_cfg::kRowsK) * (E + 1) * sizeof(float); }
 constexpr size_t table_stage_bytes() { return size_t(wgmma_query_state_cfg::kRowsK) * sizeof(phi_block_row); }
@@ -40,8 +55,8 @@ template <class T, int E, int MT>
 constexpr size_t blocked_query_state_smem(int d) {
   using namespace wgmma_query_state_cfg;
   using namespace blocked_query_state_cfg;
-  return 4 * size_t(b_tile_elems<E + 8>()) * sizeof(T) + size_t(128 * MT) * (d + 8) * sizeof(T) +
-         kRawStages * raw_stage_bytes<E>() + kTableStages * table_stage_bytes();
+  return 2 * b_buffers<E>() * size_t(b_tile_elems<E + 8>()) * sizeof(T) + size_t(128 * MT) * (d + 8) * sizeof(T) +
+         raw_stages<E>() * raw_stage_bytes<E>() + kTableStages * table_stage_bytes();
 }
 
 // PM: 2 for p = 2 (fixed factors ignored), 4 for p = 3, 4 (fixed index d reads a column of ones).
@@ -59,8 +74,9 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
   constexpr int kMaxItems = (kItems + kThreads - 1) / kThreads;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int d = P.d, qs_stride = d + 8;
-  T* const bt0 = reinterpret_cast<T*>(smem_raw);  // two buffers of B tiles (hi, lo), then the query tile
-  T* const qs = bt0 + 4 * b_size;
+  constexpr int kBuffers = blocked_query_state_cfg::b_buffers<E>();
+  T* const bt0 = reinterpret_cast<T*>(smem_raw);  // the buffers of B tiles (hi, lo), then the query tile
+  T* const qs = bt0 + 2 * kBuffers * b_size;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   const int wg = warp >> 2, wq = warp & 3;
@@ -68,11 +84,12 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
   if (at.ntok <= 0) return;
   const int64_t qh = at.qh, m = at.chunk, batch = at.batch, kv = at.kv, bh = at.bh, tok0 = at.tok0, ntok = at.ntok;
 
-  init_query_tiles<T, kTok, kNT, kChunk>(P, qs, qs_stride, batch, qh, tok0, ntok, bt0, 4, b_size);
+  init_query_tiles<T, kTok, kNT, kChunk>(P, qs, qs_stride, batch, qh, tok0, ntok, bt0, 2 * kBuffers, b_size);
 
   // Rings after the query tile: raw stages (rows [64][E] f32, 16-byte chunk c of row r at
   // c ^ ((r / 2) % chunks) for conflict-free reads of row pairs, then z [64]), table stages.
   using namespace blocked_query_state_cfg;
+  constexpr int kRawStages = raw_stages<E>(), kTableAhead = table_ahead<E>();
   constexpr int kRawBytes = int(raw_stage_bytes<E>());
   unsigned char* const raw0 = reinterpret_cast<unsigned char*>(qs + 128 * MT * qs_stride);
   const phi_block_row* const tab0 = reinterpret_cast<const phi_block_row*>(raw0 + kRawStages * kRawBytes);
@@ -115,21 +132,29 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
     const phi_block_row* tab = table_stage(blk);
     uint32_t* const bw = reinterpret_cast<uint32_t*>(bt0 + 2 * buf * b_size);
     constexpr int lo = b_size / 2;  // words
+    // All of this thread's reads first, then the products and stores (the compiler cannot move a
+    // shared-memory read above a shared-memory store).
+    static_assert(kItems % kThreads == 0, "whole items per thread");
+    float4 s0[kMaxItems], s1[kMaxItems];
+    float k0[kMaxItems], k1[kMaxItems];
 #pragma unroll
     for (int i = 0; i < kMaxItems; ++i) {
       const int item = tid + i * kThreads, rp = item % kRowPairs, c4 = item / kRowPairs;
-      if (item < kItems) {
-        const float4 s0 = *reinterpret_cast<const float4*>(raw + ((2 * rp) * kRowChunks + swz(2 * rp, c4)) * 16);
-        const float4 s1 = *reinterpret_cast<const float4*>(raw + ((2 * rp + 1) * kRowChunks + swz(2 * rp + 1, c4)) * 16);
-        const float k0 = tab[2 * rp].coef, k1 = tab[2 * rp + 1].coef;
-        const float* v0 = reinterpret_cast<const float*>(&s0);
-        const float* v1 = reinterpret_cast<const float*>(&s1);
+      s0[i] = *reinterpret_cast<const float4*>(raw + ((2 * rp) * kRowChunks + swz(2 * rp, c4)) * 16);
+      s1[i] = *reinterpret_cast<const float4*>(raw + ((2 * rp + 1) * kRowChunks + swz(2 * rp + 1, c4)) * 16);
+      k0[i] = tab[2 * rp].coef;
+      k1[i] = tab[2 * rp + 1].coef;
+    }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int col = c4 * 4 + j;
-          uint32_t* out = bw + (rp / 4) * (kChunk / 2) + (col / 8) * 32 + (col % 8) * 4 + rp % 4;
-          split2_f32<T>(v0[j] * k0, v1[j] * k1, out[0], out[lo]);
-        }
+    for (int i = 0; i < kMaxItems; ++i) {
+      const int item = tid + i * kThreads, rp = item % kRowPairs, c4 = item / kRowPairs;
+      const float* v0 = reinterpret_cast<const float*>(&s0[i]);
+      const float* v1 = reinterpret_cast<const float*>(&s1[i]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int col = c4 * 4 + j;
+        uint32_t* out = bw + (rp / 4) * (kChunk / 2) + (col / 8) * 32 + (col % 8) * 4 + rp % 4;
+        split2_f32<T>(v0[j] * k0[i], v1[j] * k1[i], out[0], out[lo]);
       }
     }
     if (tid < kRowPairs) {  // the z entries of row pair tid
@@ -144,6 +169,8 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) acc[mt][i] = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
 
   // This lane's tokens: rows g and g + 8 (hf) of its warp's 16 in each of its warpgroup's m64 tiles.
   const T* qrow[MT][2];
@@ -152,29 +179,33 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) qrow[mt][hf] = qs + ((mt * 2 + wg) * 64 + wq * 16 + hf * 8 + g) * qs_stride;
 
-  // Prologue: the table entries of blocks 0 .. kTableAhead - 1, then the rows of blocks 0, 1, 2
+  // Prologue: the table entries of blocks 0 .. kTableAhead - 1, then the rows of blocks 0 .. R - 1
   // (one group each); block 0 split into buffer 0, block 1 landed.
   for (int64_t b = 0; b < kTableAhead; ++b) issue_table(b);
   copy_async_commit();
   copy_async_wait<0>();
   __syncthreads();
-  for (int64_t b = 0; b < 3; ++b) {
+  for (int64_t b = 0; b < kRawStages; ++b) {
     issue_rows(b);
     copy_async_commit();
   }
-  copy_async_wait<2>();
+  copy_async_wait<kRawStages - 1>();
   __syncthreads();
   store_step(0, 0);
-  copy_async_wait<1>();
+  copy_async_wait<kRawStages - 2>();
   fence_async_shared();
   __syncthreads();
   phi_block cur = P.blocks.block[0];  // the block of the step being multiplied
+  // The A fragments of a step's K slice ks are read by its products (one wgmma group per ks) until
+  // they complete; the next step rewrites them after waiting for that group only, so that the
+  // tensor cores still have the rest of this step's products queued while it forms them.
+  uint32_t a[kRowsK / 16][MT][4], a_lo[kRowsK / 16][MT][4];
   for (int64_t step = 0; step < steps; ++step) {
-    const int buf = static_cast<int>(step & 1);
-    // One group per step: the table entries of step + 5 and the rows of step + 3 (whose table
-    // entries landed two steps ago).
+    const int buf = static_cast<int>(step % kBuffers);
+    // One group per step: the table entries of step + 2 R - 1 and the rows of step + R (whose table
+    // entries have landed).
     issue_table(step + kTableAhead);
-    issue_rows(step + 3);
+    issue_rows(step + kRawStages);
     copy_async_commit();
     const phi_block next = step + 1 < steps ? P.blocks.block[step + 1] : cur;
     const T* bt = bt0 + 2 * buf * b_size;
@@ -193,9 +224,9 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
           lastf[mt][hf] = mul2<T>(lastf[mt][hf], f);
         }
       }
-    uint32_t a[kRowsK / 16][MT][4], a_lo[kRowsK / 16][MT][4];  // untouched until the step's products complete
 #pragma unroll
     for (int ks = 0; ks < kRowsK / 16; ++ks) {
+      wgmma_wait<kRowsK / 16 - 1>();  // the previous step's group ks is complete
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -214,17 +245,21 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
         wgmma_rs<T, N>(acc[mt], a[ks][mt], desc_lo);
         wgmma_rs<T, N>(acc[mt], a_lo[ks][mt], desc_hi);
       }
+      wgmma_commit();
     }
-    wgmma_commit();
-    if (step + 1 < steps) store_step(step + 1, buf ^ 1);
+    // This warpgroup's products of the previous step are complete (the last wait above). The next
+    // block goes to the buffer of step - 1 (two buffers: once the other warpgroup's products are
+    // complete too) or step - 2 (three: its products completed before the last barrier).
+    if constexpr (kBuffers == 2) __syncthreads();
+    if (step + 1 < steps) store_step(step + 1, static_cast<int>((step + 1) % kBuffers));
     cur = next;
-    copy_async_wait<1>();  // the group of the previous step: rows of step + 2, table of step + 4
+    copy_async_wait<kRawStages - 2>();  // rows of step + 2, table entries of step + R + 1
     fence_async_shared();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
     __syncthreads();
   }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
 
   // Epilogue: decay, scale^p, the intra-chunk term, normalization (den: column E, held by tq = 0).
   T* obase = static_cast<T*>(P.o) + batch * P.o_sb + qh * P.o_sh;
