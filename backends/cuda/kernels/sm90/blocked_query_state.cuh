@@ -13,7 +13,7 @@
 // rounding phi(q) costs as much again. So both are split into hi + lo b16 parts and each step
 // multiplies A_hi B_hi + A_hi B_lo + A_lo B_hi (three times the tensor work, the same accumulators;
 // A_lo B_lo is below the rounding of the result). At p = 2 A_hi + A_lo is the exact product
-// x[mid + G] x[last + l]; what is left is the rounding of the output.
+// x[mid + G] x[last + l]; at p = 3, 4 it is the product of the factors in f32, split.
 //
 // CTA: 2 warpgroups x MT m64 tiles = 128 MT tokens of one chunk x all e, one query head; K steps of
 // one block. The state rows of a block (and its z entries) arrive by cp.async three steps ahead in a
@@ -212,6 +212,7 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
     // Per token: x[mid .. mid + 7] and the pair at last + 2 tq times the fixed factors.
     uint4 mids[MT][2];
     uint32_t lastf[MT][2];
+    float2 last32[MT][2];  // PM = 4: the pair times the fixed factors in f32 (exact: 24 bits)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -220,8 +221,9 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
         mids[mt][hf] = *reinterpret_cast<const uint4*>(row + cur.mid);
         lastf[mt][hf] = *reinterpret_cast<const uint32_t*>(row + cur.last + 2 * tq);
         if constexpr (PM == 4) {
-          const uint32_t f = mul2<T>(pack2(row[cur.fixed[0]], row[cur.fixed[0]]), pack2(row[cur.fixed[1]], row[cur.fixed[1]]));
-          lastf[mt][hf] = mul2<T>(lastf[mt][hf], f);
+          const float f = to_f32(row[cur.fixed[0]]) * to_f32(row[cur.fixed[1]]);
+          const T* pair = reinterpret_cast<const T*>(&lastf[mt][hf]);
+          last32[mt][hf] = make_float2(to_f32(pair[0]) * f, to_f32(pair[1]) * f);
         }
       }
 #pragma unroll
@@ -234,7 +236,14 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
           const int hf = q & 1, G = 2 * ks + (q >> 1);
           const uint32_t word = word_of(mids[mt][hf], G / 2);
           const uint32_t both = __byte_perm(word, word, (G & 1) ? 0x3232 : 0x1010);  // x[mid + G] twice
-          mul2_split<T>(both, lastf[mt][hf], a[ks][mt][q], a_lo[ks][mt][q]);
+          if constexpr (PM == 4) {
+            // Four factors: the product in f32 (one rounding, 2^-24), then split (b16 products of b16
+            // pairs would round twice more, 2^-9 each, the whole bf16 budget on strongly gated inputs).
+            const float xm = to_f32(reinterpret_cast<const T*>(&word)[G & 1]);
+            split2_f32<T>(xm * last32[mt][hf].x, xm * last32[mt][hf].y, a[ks][mt][q], a_lo[ks][mt][q]);
+          } else {
+            mul2_split<T>(both, lastf[mt][hf], a[ks][mt][q], a_lo[ks][mt][q]);
+          }
         }
       const uint64_t desc_hi = kmajor_desc(bt + ks * 2 * kChunk, kChunk * sizeof(T), 128);
       const uint64_t desc_lo = kmajor_desc(bt + b_size + ks * 2 * kChunk, kChunk * sizeof(T), 128);
