@@ -16,11 +16,12 @@
 // x[mid + G] x[last + l]; at p = 3, 4 it is the product of the factors in f32, split.
 //
 // CTA: 2 warpgroups x MT m64 tiles = 128 MT tokens of one chunk x all e, one query head; K steps of
-// one block. The state rows of a block (and its z entries) arrive by cp.async three steps ahead in a
-// ring of raw f32 stages, located by the block's table entries, which arrive two steps before that
-// in a ring of their own; one pass per step splits a raw stage into the hi and lo B tiles. (Loads
-// into register stages had stalled the step on their results: at 255 registers the compiler kept
-// them close to their use.)
+// one block. The state rows of a block (and its z entries) arrive by cp.async R steps ahead in a
+// ring of raw f32 stages, located by the block's table entries, which arrive before that in a ring
+// of their own; one pass per step splits a raw stage into the hi and lo B tiles of a ring of B
+// buffers. (Loads into register stages had stalled the step on their results: at 255 registers the
+// compiler kept them close to their use.) Keep ptxas's C7515 line away from this kernel: it means
+// that every wgmma was serialized (docs/performance.md).
 #pragma once
 
 #include "kernels/sm90/wgmma_query_state.cuh"
