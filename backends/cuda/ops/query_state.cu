@@ -186,12 +186,17 @@ static mma_query_state_params query_state_params(const query_inputs& in, const g
   return P;
 }
 
+// The CTAs along each chunk for `tokens` per CTA (P.tok_tiles), and the grid size (0: no work).
+static int64_t query_grid(mma_query_state_params& P, const expanse_problem& pb, int tokens) {
+  P.tok_tiles = static_cast<int>((pb.c + tokens - 1) / tokens);
+  return int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
+}
+
 void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
                             bool normalize, launch_context& lc) {
   using namespace mma_query_state_cfg;
   mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
-  P.tok_tiles = static_cast<int>((pb.c + kTokens - 1) / kTokens);
-  const int64_t ctas = int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
+  const int64_t ctas = query_grid(P, pb, kTokens);
   if (ctas == 0) return;
   // One instantiation per e (d is a run-time value here): pass d = 32 for the unused DH.
   with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
@@ -211,8 +216,7 @@ void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_
                               const expanse_problem& pb, bool normalize, launch_context& lc) {
   using namespace wgmma_query_state_cfg;
   mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
-  P.tok_tiles = static_cast<int>((pb.c + kTokens - 1) / kTokens);
-  const int64_t ctas = int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
+  const int64_t ctas = query_grid(P, pb, kTokens);
   if (ctas == 0) return;
   with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
     using T = decltype(type_tag);
@@ -250,15 +254,12 @@ std::string blocked_query_state_declines(const expanse_problem& pb, const query_
 void launch_blocked_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
                                 const expanse_problem& pb, bool normalize, launch_context& lc) {
   mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
-  const int mt = pb.e == 128 ? blocked_query_state_cfg::token_tiles<128>(P.d)
-                              : blocked_query_state_cfg::token_tiles<64>(P.d);  // the same for e = 32
-  const int tokens = 128 * mt;
-  P.tok_tiles = static_cast<int>((pb.c + tokens - 1) / tokens);
-  const int64_t ctas = int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
-  if (ctas == 0) return;
   with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int E = decltype(e_tag)::value;
+    const int mt = blocked_query_state_cfg::token_tiles<E>(P.d);
+    const int64_t ctas = query_grid(P, pb, 128 * mt);
+    if (ctas == 0) return;
     auto launch_mt = [&](auto mt_tag) {
       constexpr int MT = decltype(mt_tag)::value;
       auto launch = [&](auto kernel) {
@@ -268,7 +269,7 @@ void launch_blocked_query_state(const query_inputs& in, const gates& g, const ph
       if (pb.p == 2) launch(blocked_query_state_kernel<T, E, 2, MT>);
       else if constexpr (std::is_same_v<T, __nv_bfloat16>) launch(blocked_query_state_kernel<T, E, 4, MT>);  // f16 takes p <= 2
     };
-    if constexpr (E == 128) launch_mt(std::integral_constant<int, 1>{});
+    if constexpr (E == 128) launch_mt(std::integral_constant<int, 1>{});  // token_tiles<128> is 1
     else if (mt == 2) launch_mt(std::integral_constant<int, 2>{});
     else launch_mt(std::integral_constant<int, 1>{});
   });
