@@ -1,8 +1,8 @@
 // query_state: o_i = phi(scale q_i)^T S_m exp(Gc_i) [+ intra] [/ (... z ... + intra den)].
-// Implementations, best first: "wgmma_f16" (Hopper, layouts with a block form: one f16 product per
-// step, after a pass that finds the states' column scales), "wgmma_blocked" (the same kernel with
-// hi + lo bf16 splits, three products per step; it also takes f16 inputs at p = 2 only) (Hopper, layouts with a block form: tiled:8, and the
-// symmetric layout at p = 2), "wgmma" (expand-MMA on Hopper's warpgroup tensor cores), "mma"
+// Implementations, best first: "wgmma_f16" (Hopper, p = 2 with a layout that has a block form:
+// tiled:8 or the symmetric layout; one f16 product per step, after a pass that finds the states'
+// column scales), "wgmma_blocked" (the same kernel with hi + lo b16 splits, three products per step;
+// p >= 2 with tiled:8, p = 2 with the symmetric layout), "wgmma" (expand-MMA on Hopper's warpgroup tensor cores), "mma"
 // (expand-MMA on tensor cores of sm_80 and later), "simple" (one warp per query token and head, any
 // shape and dtype). The two expand-MMA kernels take the same shapes.
 #include <cmath>

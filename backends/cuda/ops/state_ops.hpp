@@ -59,8 +59,8 @@ void launch_blocked_query_state(const query_inputs& in, const gates& g, const ph
                                 const expanse_problem& pb, bool normalize, launch_context& lc);
 // The blocked kernel's F16 form (one f16 product per step; scratch: the states' column scales).
 std::string f16_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
-// Whether the f16 kernel takes this problem when its states are contiguous workspace tensors
-// (power_attention's), so that the caller takes the tiles' workspace in its sizing pass too.
+// Whether the F16 form takes this problem when its states are contiguous workspace tensors
+// (power_attention's), so that the caller takes the scales' workspace in its sizing pass too.
 bool f16_query_state_takes_workspace_states(const expanse_problem& pb, const expanse_tensor& q, const device_props& props);
 float* take_state_scales(const expanse_problem& pb, workspace& ws);
 void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, float* state_scales,

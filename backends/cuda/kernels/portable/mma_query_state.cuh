@@ -32,8 +32,8 @@ struct mma_query_state_params {
   int64_t o_sb, o_st, o_sh, o_se;
   gates g;
   const phi_entry* table;
-  phi_blocks blocks;  // for the blocked and f16 kernels only
-  const float* state_scales;  // the blocked kernel's F16 form: column scales (kernels/portable/state_scales.cuh)
+  phi_blocks blocks;          // for the blocked kernel only
+  const float* state_scales;  // its F16 form: the states' column scales (kernels/portable/state_scales.cuh)
   int64_t t, c, n, h, hq, D;
   int d, p, normalize, tok_tiles;
   float scale_p;  // scale^p
