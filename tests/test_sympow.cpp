@@ -2,6 +2,7 @@
 // library's sympow_expand, plus the expanded dimensions SPEC.md lists.
 #include <doctest/doctest.h>
 
+#include <cfloat>
 #include <cmath>
 #include <random>
 
@@ -37,9 +38,13 @@ TEST_CASE("inner products of expanded vectors are powers of dot products") {
       for (int64_t i = 0; i < D; ++i) inner += phi[i] * phi[D + i];
       // A sum of D products of mixed sign is exact to rounding relative to the sum of their
       // magnitudes, (sum_i |x_i y_i|)^p, not to the result, which may be tiny when x and y are
-      // nearly orthogonal.
+      // nearly orthogonal. The forward error bound, with unit roundoff u: each phi entry carries
+      // p + 1 roundings (p - 1 products, the coefficient's square root and its product), the
+      // inner product D - 1 more, and pow(dot, p) p (d + 1) from dot's d roundings and pow's own.
+      // DBL_EPSILON = 2u leaves a factor of two for the second-order terms.
+      const double roundings = static_cast<double>(D) + 2.0 * (p + 1) + p * (d + 1);
       INFO("p=" << p << " layout=" << layout.kind << " d_tile=" << layout.d_tile << " seed=" << test_seed());
-      CHECK(std::fabs(inner - std::pow(dot, p)) <= 1e-13 * std::pow(abs_dot, p));
+      CHECK(std::fabs(inner - std::pow(dot, p)) <= roundings * DBL_EPSILON * std::pow(abs_dot, p));
     }
 }
 
