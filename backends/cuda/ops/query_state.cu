@@ -1,15 +1,19 @@
 // query_state: o_i = phi(scale q_i)^T S_m exp(Gc_i) [+ intra] [/ (... z ... + intra den)].
-// Implementations, best first: "wgmma_f16" (Hopper, p = 2 with a layout that has a block form:
-// tiled:8 or the symmetric layout; one f16 product per step, after a pass that finds the states'
-// column scales), "wgmma_blocked" (the same kernel with hi + lo b16 splits, three products per step;
-// p >= 2 with tiled:8, p = 2 with the symmetric layout), "wgmma" (expand-MMA on Hopper's warpgroup tensor cores), "mma"
-// (expand-MMA on tensor cores of sm_80 and later), "simple" (one warp per query token and head, any
-// shape and dtype). The two expand-MMA kernels take the same shapes.
+// Implementations, best first:
+// - "wgmma_f16" (Hopper, p = 2 with a layout that has a block form: tiled:8 or the symmetric one):
+//   one f16 product per K step, warp-specialized, after a pass that finds the states' column scales
+//   (kernels/sm90/f16_query_state.cuh);
+// - "wgmma_blocked" (p >= 2 with tiled:8, p = 2 with the symmetric layout): the same blocks with hi +
+//   lo b16 splits, three products per step (kernels/sm90/blocked_query_state.cuh);
+// - "wgmma" (expand-MMA on Hopper's warpgroup tensor cores) and "mma" (on the tensor cores of sm_80
+//   and later), which take the same shapes;
+// - "simple" (one warp per query token and head, any shape and dtype).
 #include <cmath>
 
 #include "kernels/portable/mma_query_state.cuh"
 #include "kernels/portable/state_scales.cuh"
 #include "kernels/sm90/blocked_query_state.cuh"
+#include "kernels/sm90/f16_query_state.cuh"
 #include "kernels/sm90/wgmma_query_state.cuh"
 #include "ops/op_common.hpp"
 #include "ops/state_ops.hpp"
@@ -243,16 +247,20 @@ void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_
   check_launch("wgmma query_state");
 }
 
-// Shared memory of the blocked kernel the launcher below picks (b16 types are 2 bytes each).
+// Shared memory of the blocked kernel (F16: of the f16 kernel) the launchers below pick (b16 types
+// are 2 bytes each).
 template <bool F16>
 static size_t blocked_query_state_smem_bytes(const expanse_problem& pb) {
   using namespace blocked_query_state_cfg;
   const int d = static_cast<int>(pb.d);
   size_t bytes = 0;
   with_b16_head_dims(EXPANSE_BF16, 32, pb.e, [&](auto, auto, auto e_tag) {
+    using T = __nv_bfloat16;
     constexpr int E = decltype(e_tag)::value;
-    bytes = token_tiles<E>(d) == 2 ? blocked_query_state_smem<__nv_bfloat16, E, 2, F16>(d)
-                                    : blocked_query_state_smem<__nv_bfloat16, E, 1, F16>(d);
+    if constexpr (F16)
+      bytes = token_tiles<E>(d) == 2 ? f16_query_state_smem<T, E, 2>(d) : f16_query_state_smem<T, E, 1>(d);
+    else
+      bytes = token_tiles<E>(d) == 2 ? blocked_query_state_smem<T, E, 2>(d) : blocked_query_state_smem<T, E, 1>(d);
   });
   return bytes;
 }
@@ -289,58 +297,60 @@ float* take_state_scales(const expanse_problem& pb, workspace& ws) {
   return ws.take<float>(size_t(pb.b * pb.n * pb.h * (pb.e + 1)));
 }
 
-// scales: null for the split form (three bf16 products per step), else the F16 form's column scales,
-// found here first.
-static void launch_blocked(const query_inputs& in, const gates& g, const phi_tables& phi, float* scales,
-                           const expanse_problem& pb, bool normalize, launch_context& lc) {
+// Calls launch(T, E, MT tags, CTAs) for the input type, e and the blocked kernels' tokens per CTA
+// (128 MT), after setting P's tokens per CTA; nothing when there is no work.
+template <class Launch>
+static void with_blocked_shape(mma_query_state_params& P, const expanse_problem& pb, Launch launch) {
+  with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
+    constexpr int E = decltype(e_tag)::value;
+    const int mt = blocked_query_state_cfg::token_tiles<E>(P.d);
+    const int64_t ctas = query_grid(P, pb, 128 * mt);
+    if (ctas == 0) return;
+    if constexpr (E == 128) launch(type_tag, e_tag, std::integral_constant<int, 1>{}, ctas);  // token_tiles<128> is 1
+    else if (mt == 2) launch(type_tag, e_tag, std::integral_constant<int, 2>{}, ctas);
+    else launch(type_tag, e_tag, std::integral_constant<int, 1>{}, ctas);
+  });
+}
+
+void launch_blocked_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
+                                const expanse_problem& pb, bool normalize, launch_context& lc) {
   mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
-  P.state_scales = scales;
+  with_blocked_shape(P, pb, [&](auto type_tag, auto e_tag, auto mt_tag, int64_t ctas) {
+    using T = decltype(type_tag);
+    constexpr int E = decltype(e_tag)::value, MT = decltype(mt_tag)::value;
+    auto launch = [&](auto kernel) {
+      launch_with_smem(kernel, ctas, wgmma_query_state_cfg::kThreads, blocked_query_state_smem<T, E, MT>(P.d), lc.stream,
+                       P);
+    };
+    if (pb.p == 2) launch(blocked_query_state_kernel<T, E, 2, MT>);
+    else if constexpr (std::is_same_v<T, __nv_bfloat16>) launch(blocked_query_state_kernel<T, E, 4, MT>);  // f16 takes p <= 2
+  });
+  check_launch("blocked query_state");
+}
+
+// The F16 form: the states' column scales first, then the f16 kernel.
+void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, float* state_scales,
+                            const expanse_problem& pb, bool normalize, launch_context& lc) {
+  mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
+  P.state_scales = state_scales;
   const int64_t states = pb.b * pb.n * pb.h;
-  if (scales != nullptr && states > 0) {
+  if (states > 0) {
     state_scales_params sp{};
     sp.S = P.S; sp.S_sb = P.S_sb; sp.S_sn = P.S_sn; sp.S_sh = P.S_sh; sp.S_sD = P.S_sD;
     sp.z = P.z; sp.z_sb = P.z_sb; sp.z_sn = P.z_sn; sp.z_sh = P.z_sh; sp.z_sD = P.z_sD;
-    sp.n = pb.n; sp.h = pb.h; sp.D = pb.D; sp.scales = scales;
+    sp.n = pb.n; sp.h = pb.h; sp.D = pb.D; sp.scales = state_scales;
     with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto, auto, auto e_tag) {
       state_scales_kernel<decltype(e_tag)::value><<<unsigned(states), kStateScaleThreads, 0, lc.stream>>>(sp);
     });
     check_launch("query_state column scales");
   }
-  with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
+  with_blocked_shape(P, pb, [&](auto type_tag, auto e_tag, auto mt_tag, int64_t ctas) {
     using T = decltype(type_tag);
-    constexpr int E = decltype(e_tag)::value;
-    const int mt = blocked_query_state_cfg::token_tiles<E>(P.d);
-    const int64_t ctas = query_grid(P, pb, 128 * mt);
-    if (ctas == 0) return;
-    auto launch_mt = [&](auto mt_tag, auto f16_tag) {
-      constexpr int MT = decltype(mt_tag)::value;
-      constexpr bool F16 = decltype(f16_tag)::value;
-      auto launch = [&](auto kernel) {
-        launch_with_smem(kernel, ctas, wgmma_query_state_cfg::kThreads, blocked_query_state_smem<T, E, MT, F16>(P.d),
-                         lc.stream, P);
-      };
-      if (pb.p == 2) launch(blocked_query_state_kernel<T, E, 2, MT, F16>);
-      else if constexpr (std::is_same_v<T, __nv_bfloat16>) launch(blocked_query_state_kernel<T, E, 4, MT, F16>);  // f16 takes p <= 2
-    };
-    auto launch_form = [&](auto mt_tag) {
-      if (scales) launch_mt(mt_tag, std::true_type{});
-      else launch_mt(mt_tag, std::false_type{});
-    };
-    if constexpr (E == 128) launch_form(std::integral_constant<int, 1>{});  // token_tiles<128> is 1
-    else if (mt == 2) launch_form(std::integral_constant<int, 2>{});
-    else launch_form(std::integral_constant<int, 1>{});
+    constexpr int E = decltype(e_tag)::value, MT = decltype(mt_tag)::value;
+    launch_with_smem(f16_query_state_kernel<T, E, MT>, ctas, f16_query_state_cfg::kThreads,
+                     f16_query_state_smem<T, E, MT>(P.d), lc.stream, P);
   });
-  check_launch("blocked query_state");
-}
-
-void launch_blocked_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
-                                const expanse_problem& pb, bool normalize, launch_context& lc) {
-  launch_blocked(in, g, phi, nullptr, pb, normalize, lc);
-}
-
-void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, float* state_scales,
-                            const expanse_problem& pb, bool normalize, launch_context& lc) {
-  launch_blocked(in, g, phi, state_scales, pb, normalize, lc);
+  check_launch("f16 query_state");
 }
 
 void launch_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, float* state_scales,
