@@ -55,9 +55,9 @@ void run(const expanse_op& op, launch_context& lc) {
   float* rowmax = lc.ws.take<float>(size_t(pb.b * pb.t * pb.hq));
   float* S = need_states ? lc.ws.take<float>(size_t(pb.b * pb.n * pb.h * pb.D * pb.e)) : nullptr;
   float* z = need_states && need_z ? lc.ws.take<float>(size_t(pb.b * pb.n * pb.h * pb.D)) : nullptr;
-  float* const scales = need_states && f16_query_state_takes_workspace_states(pb, *a.q, lc.props)
-                            ? take_state_scales(pb, lc.ws)
-                            : nullptr;
+  const f16_state_scratch f16 = need_states && f16_query_state_takes_workspace_states(pb, *a.q, lc.props)
+                                    ? take_f16_state_scratch(pb, lc.ws)
+                                    : f16_state_scratch{};
   if (lc.ws.sizing()) return;
 
   // 1. Intra-chunk attention.
@@ -88,7 +88,7 @@ void run(const expanse_op& op, launch_context& lc) {
   }
 
   // 3. Inter-chunk terms combined with the intra-chunk ones.
-  launch_query_state(qin, g, phi, scales, pb, pb.normalize != 0, lc);
+  launch_query_state(qin, g, phi, f16, pb, pb.normalize != 0, lc);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // query_state: o_i = phi(scale q_i)^T S_m exp(Gc_i) [+ intra] [/ (... z ... + intra den)].
 // Implementations, best first:
 // - "wgmma_f16" (Hopper, p = 2 with a layout that has a block form: tiled:8 or the symmetric one):
-//   one f16 product per K step, warp-specialized, after a pass that finds the states' column scales
-//   (kernels/sm90/f16_query_state.cuh);
+//   a pass that writes each state once as scaled f16 B tiles (kernels/sm90/f16_state_tiles.cuh),
+//   then one f16 product per K step, warp-specialized (kernels/sm90/f16_query_state.cuh);
 // - "wgmma_blocked" (p >= 2 with tiled:8, p = 2 with the symmetric layout): the same blocks with hi +
 //   lo b16 splits, three products per step (kernels/sm90/blocked_query_state.cuh);
 // - "wgmma" (expand-MMA on Hopper's warpgroup tensor cores) and "mma" (on the tensor cores of sm_80
@@ -11,7 +11,6 @@
 #include <cmath>
 
 #include "kernels/portable/mma_query_state.cuh"
-#include "kernels/portable/state_scales.cuh"
 #include "kernels/sm90/blocked_query_state.cuh"
 #include "kernels/sm90/f16_query_state.cuh"
 #include "kernels/sm90/wgmma_query_state.cuh"
@@ -132,9 +131,9 @@ void f16_run(const expanse_op& op, launch_context& lc) {
   const auto& a = *static_cast<const expanse_query_state_args*>(op.args);
   const phi_tables phi = make_phi_tables(pb, lc);
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
-  float* const scales = take_state_scales(pb, lc.ws);
+  const f16_state_scratch f16 = take_f16_state_scratch(pb, lc.ws);
   if (lc.ws.sizing()) return;
-  launch_f16_query_state(inputs_of(a), g, phi, scales, pb, pb.normalize != 0, lc);
+  launch_f16_query_state(inputs_of(a), g, phi, f16, pb, pb.normalize != 0, lc);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -293,8 +292,12 @@ bool f16_query_state_takes_workspace_states(const expanse_problem& pb, const exp
   return f16_query_state_declines(pb, in, props).empty();
 }
 
-float* take_state_scales(const expanse_problem& pb, workspace& ws) {
-  return ws.take<float>(size_t(pb.b * pb.n * pb.h * (pb.e + 1)));
+f16_state_scratch take_f16_state_scratch(const expanse_problem& pb, workspace& ws) {
+  const int64_t states = pb.b * pb.n * pb.h;
+  f16_state_scratch f16;
+  f16.scales = ws.take<float>(size_t(states * (pb.e + 1)));
+  f16.tiles = ws.take<__half>(size_t(states * phi_block_count(pb) * f16_state_tiles_cfg::kRowsK * (pb.e + 8)));
+  return f16;
 }
 
 // Calls launch(T, E, MT tags, CTAs) for the input type, e and the blocked kernels' tokens per CTA
@@ -328,35 +331,38 @@ void launch_blocked_query_state(const query_inputs& in, const gates& g, const ph
   check_launch("blocked query_state");
 }
 
-// The F16 form: the states' column scales first, then the f16 kernel.
-void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, float* state_scales,
+// The F16 form: the pass that writes the states' scales and f16 tiles, then the kernel.
+void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const f16_state_scratch& f16,
                             const expanse_problem& pb, bool normalize, launch_context& lc) {
   mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
-  P.state_scales = state_scales;
+  P.state_scales = f16.scales;
+  P.f16_tiles = f16.tiles;
   const int64_t states = pb.b * pb.n * pb.h;
-  if (states > 0) {
-    state_scales_params sp{};
-    sp.S = P.S; sp.S_sb = P.S_sb; sp.S_sn = P.S_sn; sp.S_sh = P.S_sh; sp.S_sD = P.S_sD;
-    sp.z = P.z; sp.z_sb = P.z_sb; sp.z_sn = P.z_sn; sp.z_sh = P.z_sh; sp.z_sD = P.z_sD;
-    sp.n = pb.n; sp.h = pb.h; sp.D = pb.D; sp.scales = state_scales;
-    with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto, auto, auto e_tag) {
-      state_scales_kernel<decltype(e_tag)::value><<<unsigned(states), kStateScaleThreads, 0, lc.stream>>>(sp);
-    });
-    check_launch("query_state column scales");
-  }
+  if (states == 0) return;
+  f16_state_tiles_params tp{};
+  tp.S = P.S; tp.S_sb = P.S_sb; tp.S_sn = P.S_sn; tp.S_sh = P.S_sh; tp.S_sD = P.S_sD;
+  tp.z = P.z; tp.z_sb = P.z_sb; tp.z_sn = P.z_sn; tp.z_sh = P.z_sh; tp.z_sD = P.z_sD;
+  tp.n = pb.n; tp.h = pb.h; tp.D = pb.D; tp.blocks = phi.blocks;
+  tp.scales = f16.scales; tp.tiles = f16.tiles;
+  with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto, auto, auto e_tag) {
+    constexpr int E = decltype(e_tag)::value;
+    launch_with_smem(f16_state_tiles_kernel<E>, states * (E / 8 + 1), f16_state_tiles_cfg::kThreads,
+                     f16_state_tiles_cfg::smem_bytes(pb.D), lc.stream, tp);
+  });
+  check_launch("query_state f16 state tiles");
   with_blocked_shape(P, pb, [&](auto type_tag, auto e_tag, auto mt_tag, int64_t ctas) {
     using T = decltype(type_tag);
     constexpr int E = decltype(e_tag)::value, MT = decltype(mt_tag)::value;
     launch_with_smem(f16_query_state_kernel<T, E, MT>, ctas, f16_query_state_cfg::kThreads,
-                     f16_query_state_smem<T, E, MT>(P.d), lc.stream, P);
+                       f16_query_state_smem<T, E, MT>(P.d), lc.stream, P);
   });
   check_launch("f16 query_state");
 }
 
-void launch_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, float* state_scales,
+void launch_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const f16_state_scratch& f16,
                         const expanse_problem& pb, bool normalize, launch_context& lc) {
-  if (state_scales != nullptr && f16_query_state_declines(pb, in, lc.props).empty())
-    launch_f16_query_state(in, g, phi, state_scales, pb, normalize, lc);
+  if (f16.scales != nullptr && f16_query_state_declines(pb, in, lc.props).empty())
+    launch_f16_query_state(in, g, phi, f16, pb, normalize, lc);
   else if (blocked_query_state_declines(pb, in, lc.props).empty())
     launch_blocked_query_state(in, g, phi, pb, normalize, lc);
   else if (wgmma_query_state_declines(pb, in, lc.props).empty())

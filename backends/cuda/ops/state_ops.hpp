@@ -57,17 +57,22 @@ void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_
 std::string blocked_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
 void launch_blocked_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
                                 const expanse_problem& pb, bool normalize, launch_context& lc);
-// The blocked kernel's F16 form (one f16 product per step; scratch: the states' column scales).
+// The F16 kernel (one f16 product per step), after a pass that writes the states' column scales
+// and f16 B tiles into its scratch.
+struct f16_state_scratch {
+  float* scales = nullptr;  // null: not taken
+  __half* tiles = nullptr;
+};
 std::string f16_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
-// Whether the F16 form takes this problem when its states are contiguous workspace tensors
-// (power_attention's), so that the caller takes the scales' workspace in its sizing pass too.
+// Whether the F16 kernel takes this problem when its states are contiguous workspace tensors
+// (power_attention's), so that the caller takes its scratch in its sizing pass too.
 bool f16_query_state_takes_workspace_states(const expanse_problem& pb, const expanse_tensor& q, const device_props& props);
-float* take_state_scales(const expanse_problem& pb, workspace& ws);
-void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, float* state_scales,
+f16_state_scratch take_f16_state_scratch(const expanse_problem& pb, workspace& ws);
+void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const f16_state_scratch& f16,
                             const expanse_problem& pb, bool normalize, launch_context& lc);
 // The fastest kernel that takes the problem (the order of query_state's implementation list); the F16
-// form only with state_scales (null: not taken).
-void launch_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, float* state_scales,
+// kernel only with its scratch taken.
+void launch_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const f16_state_scratch& f16,
                         const expanse_problem& pb, bool normalize, launch_context& lc);
 
 // chunk_attention (ops/chunk_attention.cu).

@@ -33,7 +33,8 @@ struct mma_query_state_params {
   gates g;
   const phi_entry* table;
   phi_blocks blocks;          // for the blocked kernel only
-  const float* state_scales;  // its F16 form: the states' column scales (kernels/portable/state_scales.cuh)
+  const float* state_scales;  // the F16 kernel: the states' column scales and f16 B tiles
+  const __half* f16_tiles;    // (kernels/sm90/f16_state_tiles.cuh)
   int64_t t, c, n, h, hq, D;
   int d, p, normalize, tok_tiles;
   float scale_p;  // scale^p

@@ -1,0 +1,67 @@
+// Hopper's bulk copies into shared memory and the transaction barriers (mbarrier) that say when they
+// have landed (sm_90a here, like wgmma.cuh).
+//
+// A producer thread announces the bytes it will copy into a buffer (arrive_expect_tx on the
+// buffer's "full" barrier) and issues the copy; the copy engine completes those bytes on the same
+// barrier, whose phase then flips. Consumers wait for the flip (the parity of the phase they
+// expect), read the buffer and arrive on its "empty" barrier; the producer waits for that before it
+// refills the buffer. Barriers live in shared memory, 8 bytes each, and start in phase 0.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/sm90/wgmma.cuh"
+
+namespace expanse_cuda {
+
+// One barrier that completes a phase after `arrivals` arrivals (and the bytes announced with them).
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+#if EXPANSE_SM90A_DEVICE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
+#endif
+}
+// Makes this thread's barrier initializations visible to the other threads and to the copy engine
+// (before the CTA barrier that follows).
+__device__ __forceinline__ void mbarrier_init_fence() {
+#if EXPANSE_SM90A_DEVICE
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+#if EXPANSE_SM90A_DEVICE
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+#endif
+}
+// One arrival that also announces `bytes` more to be completed by copies before the phase ends.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if EXPANSE_SM90A_DEVICE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+#if EXPANSE_SM90A_DEVICE
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_address(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory,
+// completing them on `bar`.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if EXPANSE_SM90A_DEVICE
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_address(dst)),
+               "l"(src), "r"(bytes), "r"(smem_address(bar))
+               : "memory");
+#endif
+}
+
+}  // namespace expanse_cuda
