@@ -39,7 +39,7 @@ template <class T, int E, int MT>
 constexpr size_t f16_query_state_smem(int d) {
   using namespace f16_query_state_cfg;
   return kBuffers * size_t(f16_state_tiles_cfg::tile_elems<E>()) * sizeof(__half) + 2 * kBuffers * sizeof(uint64_t) +
-         size_t(128 * MT) * (d + 8) * sizeof(T) + (E + 1 + 128 * MT) * sizeof(float);
+         size_t(128 * MT) * (d + 8) * sizeof(T) + (E + 1 + 4 * 128 * MT) * sizeof(float);
 }
 
 // The query tile in f16: each token's row of x (kTok rows of d, type T) rewritten in place as f16
@@ -82,32 +82,90 @@ __device__ __forceinline__ void scale_query_tile_to_f16(T* qs, int qs_stride, in
   }
 }
 
+// The kernel's epilogue, for consumer warpgroup wg's MT m64 tiles of sums acc (column E: the
+// denominator, held by tq = 0): undo the token and column scales (both powers of two), then
+// decay, scale^p, the intra-chunk term and normalization, as mma_query_state.cuh's
+// store_query_output. The per-token inputs come from shared memory, staged in the prologue; the
+// intra-chunk term is read through the read-only path (so that the compiler may move those loads
+// above the stores); pairs of outputs are stored as one word.
+template <class T, int E, int MT>
+__device__ __forceinline__ void store_f16_outputs(const mma_query_state_params& P, const query_tile& at,
+                                                  float (&acc)[MT][E / 2 + 4], int wg, const float* token_unscale,
+                                                  const float* col_unscale, const float* token_g,
+                                                  const float* token_rm, const float* token_l) {
+  constexpr int kNT = E / 8;
+  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3, g = lane >> 2, tq = lane & 3;
+  const bool intra = P.y != nullptr;
+  float cu[kNT][2];  // this lane's columns' factors
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) cu[nt][u] = col_unscale[nt * 8 + 2 * tq + u];
+  auto local_of = [&](int mt, int hf) { return (mt * 2 + wg) * 64 + wq * 16 + hf * 8 + g; };
+  T* const obase = static_cast<T*>(P.o) + at.batch * P.o_sb + at.qh * P.o_sh;
+  const bool pairs = P.o_se == 1 && P.o_st % 2 == 0 && reinterpret_cast<uintptr_t>(obase) % 4 == 0;
+  const float f = P.scale_p;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int local = local_of(mt, hf);
+      const float tu = token_unscale[local];
+      const float den = __shfl_sync(0xffffffffu, acc[mt][4 * kNT + 2 * hf], lane & ~3) * (tu * col_unscale[E]);
+      if (local >= at.ntok) continue;
+      const output_weights w =
+          output_weights_of(den * f, token_g[local], intra, token_l[local], token_rm[local], P.normalize != 0);
+      const float wn = w.wn * f;
+      T* const out = obase + (at.tok0 + local) * P.o_st;
+      const float* const yrow = P.y + at.batch * P.y_sb + (at.tok0 + local) * P.y_st + at.qh * P.y_sh;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        float v[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const float yv = intra ? __ldg(yrow + (nt * 8 + 2 * tq + u) * P.y_se) : 0.f;
+          v[u] = (acc[mt][4 * nt + 2 * hf + u] * (tu * cu[nt][u]) * wn + yv * w.wy) * w.r;
+        }
+        const int col = nt * 8 + 2 * tq;
+        if (pairs) {
+          *reinterpret_cast<uint32_t*>(out + col) = pack2_f32<T>(v[0], v[1]);
+        } else {
+          out[col * P.o_se] = from_f32<T>(v[0]);
+          out[(col + 1) * P.o_se] = from_f32<T>(v[1]);
+        }
+      }
+    }
+}
+
 template <class T, int E, int MT>
 __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_state_kernel(mma_query_state_params P) {
   using namespace f16_query_state_cfg;
   constexpr int kTok = 128 * MT;
   constexpr int N = E + 8;
-  constexpr int kNT = E / 8;  // 8-column blocks of the state; block kNT is the z tile
   constexpr int kChunk = f16_state_tiles_cfg::chunk_elems<E>();
   constexpr int b_size = f16_state_tiles_cfg::tile_elems<E>();
   constexpr uint32_t kTileBytes = b_size * sizeof(__half);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int d = P.d, qs_stride = d + 8;
   // The ring of B tiles, its barriers, the query tile (x, then x 2^s in f16), the state's column
-  // scales (e, then z) and each token's unscale factor.
+  // scales (e, then z; then the factors that undo them), and per token: the factor that undoes its
+  // scale and the epilogue's inputs (Gc, and with the intra-chunk term rowmax and l).
   __half* const bt0 = reinterpret_cast<__half*>(smem_raw);
   uint64_t* const full = reinterpret_cast<uint64_t*>(bt0 + kBuffers * b_size);
   uint64_t* const empty = full + kBuffers;
   T* const qs = reinterpret_cast<T*>(empty + kBuffers);
-  float* const col_scale = reinterpret_cast<float*>(qs + kTok * qs_stride);
-  float* const token_unscale = col_scale + (E + 1);
+  float* const col_unscale = reinterpret_cast<float*>(qs + kTok * qs_stride);
+  float* const token_unscale = col_unscale + (E + 1);
+  float* const token_g = token_unscale + kTok;
+  float* const token_rm = token_g + kTok;
+  float* const token_l = token_rm + kTok;
 
   const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, tq = tid & 3;
   const int wg = warp >> 2, wq = warp & 3;
   const query_tile at = decode_query_tile(P, kTok);
   if (at.ntok <= 0) return;
   const int64_t qh = at.qh, batch = at.batch, tok0 = at.tok0, ntok = at.ntok;
-  const int64_t steps = P.blocks.count;
+  const int64_t steps = P.experiment == 1 ? 0 : P.blocks.count;
   const int64_t state = (batch * P.n + at.chunk) * P.h + at.kv;
   const __half* const tiles = P.f16_tiles + state * steps * b_size;
   // Step f's tile into buffer f % kBuffers.
@@ -127,9 +185,32 @@ __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_st
     mbarrier_init_fence();
     for (int64_t f = 0; f < kBuffers && f < steps; ++f) issue(f);
   }
-  init_query_tiles<T, kTok, kNT, kChunk>(P, qs, qs_stride, batch, qh, tok0, ntok, reinterpret_cast<T*>(bt0), 0, b_size);
-  if (tid <= E) col_scale[tid] = P.state_scales[state * (E + 1) + tid];
-  __syncthreads();  // the query tile and the barriers
+  // Everything else the CTA reads once, by cp.async, all in flight together (tokens past ntok read
+  // as zeros): the query tile, the column scales and the per-token inputs of the epilogue.
+  {
+    const T* const qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;
+    for (int vi = tid; vi < kTok * d / 8; vi += kThreads) {
+      const int row = vi / (d / 8), c8 = vi % (d / 8);
+      copy_async<16>(qs + row * qs_stride + c8 * 8, qbase + (tok0 + min(int64_t(row), ntok - 1)) * P.q_st + c8 * 8,
+                     row < ntok);
+    }
+    if (tid <= E) copy_async<4>(col_unscale + tid, P.state_scales + state * (E + 1) + tid, true);
+    for (int row = tid; row < kTok; row += kThreads) {
+      const int64_t i = tok0 + min(int64_t(row), ntok - 1);
+      copy_async<4>(token_g + row, P.g.Gc ? P.g.Gc + at.bh * P.t + i : P.state_scales, P.g.Gc && row < ntok);
+      if (P.y) {
+        copy_async<4>(token_rm + row, P.rowmax + batch * P.r_sb + i * P.r_st + qh * P.r_sh, row < ntok);
+        copy_async<4>(token_l + row, P.l ? P.l + batch * P.l_sb + i * P.l_st + qh * P.l_sh : P.state_scales,
+                      P.l && row < ntok);
+      }
+    }
+    copy_async_commit();
+    copy_async_wait<0>();
+    // 1 / scale, exactly (powers of two; each thread inverts the scale it copied): the epilogue
+    // multiplies where a division cost ten instructions per output.
+    if (tid <= E) col_unscale[tid] = 1.f / col_unscale[tid];
+  }
+  __syncthreads();  // the query tile, the barriers
   scale_query_tile_to_f16<T, kTok>(qs, qs_stride, d, P.p, token_unscale);
   __syncthreads();  // the f16 query tile and the scales
 
@@ -203,10 +284,12 @@ __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_st
   wgmma_wait<0>();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
+  if (P.experiment == 2) {
+    if (acc[0][0] == 1.2345f) token_unscale[0] = acc[MT - 1][N / 2 - 1];
+    return;
+  }
 
-  // The sums times 1 / (token scale x column scale), both powers of two.
-  store_blocked_outputs<T, E, MT>(P, at, acc, wg,
-                                  [&](int local, int col) { return token_unscale[local] / col_scale[col]; });
+  store_f16_outputs<T, E, MT>(P, at, acc, wg, token_unscale, col_unscale, token_g, token_rm, token_l);
 }
 
 }  // namespace expanse_cuda

@@ -40,7 +40,7 @@ struct f16_state_tiles_params {
 };
 
 namespace f16_state_tiles_cfg {
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
 constexpr int kRowsK = 64;  // rows of a phi block
 // Largest magnitude of a column after its scale: under 2^kScaleBits.
 constexpr int kScaleBits = 12;
@@ -135,25 +135,35 @@ __global__ void __launch_bounds__(f16_state_tiles_cfg::kThreads) f16_state_tiles
   // lanes write a core matrix's 8 columns (128 contiguous bytes).
   const int col = tid % 8;
   const float col_scale = scale[col];
-  auto value = [&](int r) {  // this thread's column of the group at row r
-    if (stage) return staged[staged_offset(r) + col];
-    return src && (!z_group || col == 0) ? src[int64_t(r) * stride + col] : 0.f;
-  };
   const int pieces = static_cast<int>(P.blocks.count) * kRowsK;  // (block, K chunk, column)
   __half* const out = P.tiles + state * P.blocks.count * tile_elems<E>() + group * 64 + col * 8;
-  for (int i = tid; i < pieces; i += kThreads) {
-    const int blk = i / kRowsK, chunk = i / 8 % 8;
-    const phi_block_row* tab = P.blocks.row + blk * kRowsK + chunk * 8;
-    float v[8];
+  // The pieces of this thread, with value(r) = its column at row r. The 8 table entries first (64
+  // contiguous bytes), then every value, without branches, so that the loads overlap.
+  auto write_pieces = [&](auto value) {
+    for (int i = tid; i < pieces; i += kThreads) {
+      const int blk = i / kRowsK, chunk = i / 8 % 8;
+      const uint4* tab = reinterpret_cast<const uint4*>(P.blocks.row + blk * kRowsK + chunk * 8);
+      uint4 t[4];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const phi_block_row e = tab[k];
-      v[k] = e.row >= 0 ? value(e.row) * e.coef * col_scale : 0.f;
+      for (int k = 0; k < 4; ++k) t[k] = tab[k];
+      const phi_block_row* e = reinterpret_cast<const phi_block_row*>(t);
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float x = value(max(e[k].row, 0));
+        v[k] = e[k].row >= 0 ? x * e[k].coef * col_scale : 0.f;  // padding rows: zero
+      }
+      const uint4 piece = make_uint4(pack2_f32<__half>(v[0], v[1]), pack2_f32<__half>(v[2], v[3]),
+                                     pack2_f32<__half>(v[4], v[5]), pack2_f32<__half>(v[6], v[7]));
+      *reinterpret_cast<uint4*>(out + blk * tile_elems<E>() + chunk * chunk_elems<E>()) = piece;
     }
-    const uint4 piece = make_uint4(pack2_f32<__half>(v[0], v[1]), pack2_f32<__half>(v[2], v[3]),
-                                   pack2_f32<__half>(v[4], v[5]), pack2_f32<__half>(v[6], v[7]));
-    *reinterpret_cast<uint4*>(out + blk * tile_elems<E>() + chunk * chunk_elems<E>()) = piece;
-  }
+  };
+  if (stage)
+    write_pieces([&](int r) { return staged[staged_offset(r) + col]; });
+  else if (src && (!z_group || col == 0))
+    write_pieces([&](int r) { return src[int64_t(r) * stride + col]; });
+  else
+    write_pieces([](int) { return 0.f; });
 }
 
 }  // namespace expanse_cuda
