@@ -9,7 +9,6 @@
 //   and later), which take the same shapes;
 // - "simple" (one warp per query token and head, any shape and dtype).
 #include <cmath>
-#include <cstdlib>
 
 #include "kernels/portable/mma_query_state.cuh"
 #include "kernels/sm90/blocked_query_state.cuh"
@@ -338,7 +337,6 @@ void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_ta
   mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
   P.state_scales = f16.scales;
   P.f16_tiles = f16.tiles;
-  P.experiment = getenv("EXPANSE_F16_EXPERIMENT") ? atoi(getenv("EXPANSE_F16_EXPERIMENT")) : 0;  // EXPERIMENT
   const int64_t states = pb.b * pb.n * pb.h;
   if (states == 0) return;
   f16_state_tiles_params tp{};
@@ -346,7 +344,7 @@ void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_ta
   tp.z = P.z; tp.z_sb = P.z_sb; tp.z_sn = P.z_sn; tp.z_sh = P.z_sh; tp.z_sD = P.z_sD;
   tp.n = pb.n; tp.h = pb.h; tp.D = pb.D; tp.blocks = phi.blocks;
   tp.scales = f16.scales; tp.tiles = f16.tiles;
-  if (P.experiment != 3) with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto, auto, auto e_tag) {
+  with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto, auto, auto e_tag) {
     constexpr int E = decltype(e_tag)::value;
     launch_with_smem(f16_state_tiles_kernel<E>, states * (E / 8 + 1), f16_state_tiles_cfg::kThreads,
                      f16_state_tiles_cfg::smem_bytes(pb.D), lc.stream, tp);

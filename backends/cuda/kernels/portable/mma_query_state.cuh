@@ -37,7 +37,6 @@ struct mma_query_state_params {
   const __half* f16_tiles;    // (kernels/sm90/f16_state_tiles.cuh)
   int64_t t, c, n, h, hq, D;
   int d, p, normalize, tok_tiles;
-  int experiment;  // EXPERIMENT
   float scale_p;  // scale^p
 };
 
