@@ -126,12 +126,7 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
   };
 
   float acc[MT][N / 2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) acc[mt][i] = 0.f;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
+  wgmma_zero(acc);
 
   // This lane's tokens: rows g and g + 8 (hf) of its warp's 16 in each of its warpgroup's m64 tiles.
   const T* qrow[MT][2];

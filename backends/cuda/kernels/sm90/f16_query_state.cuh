@@ -226,12 +226,7 @@ __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_st
 
   // Consumers: warpgroup wg holds rows g and g + 8 (hf) of its warp's 16 in each of its m64 tiles.
   float acc[MT][N / 2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) acc[mt][i] = 0.f;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
+  wgmma_zero(acc);
   // Token row g of this lane's warp in m64 tile mt is at qrow + mt * mt_step, row g + 8 at + hf_step.
   const __half* const qrow = reinterpret_cast<const __half*>(qs + (wg * 64 + wq * 16 + g) * qs_stride);
   const int hf_step = 8 * qs_stride, mt_step = 128 * qs_stride;

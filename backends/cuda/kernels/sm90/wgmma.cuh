@@ -71,6 +71,18 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// Zeroes MT accumulator tiles and pins them: the zeroing then stays ahead of the first wgmma, where
+// ptxas would otherwise move it into the pipeline and serialize every wgmma (C7515,
+// docs/performance.md).
+template <int MT, int N>
+__device__ __forceinline__ void wgmma_zero(float (&acc)[MT][N]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[mt][i] = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
+}
 
 // The operand lists of m64nNk16 (inline assembly cannot loop over registers); TY is "bf16" or "f16".
 #define EXPANSE_WGMMA_RS_N40(TY)                                                          \
