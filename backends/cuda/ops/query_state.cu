@@ -354,7 +354,7 @@ void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_ta
     using T = decltype(type_tag);
     constexpr int E = decltype(e_tag)::value, MT = decltype(mt_tag)::value;
     launch_with_smem(f16_query_state_kernel<T, E, MT>, ctas, f16_query_state_cfg::kThreads,
-                       f16_query_state_smem<T, E, MT>(P.d), lc.stream, P);
+                     f16_query_state_smem<T, E, MT>(P.d), lc.stream, P);
   });
   check_launch("f16 query_state");
 }
