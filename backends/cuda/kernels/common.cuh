@@ -121,8 +121,8 @@ struct cta_coords {
   int tile;
   int64_t head, chunk, batch;
 };
-__device__ __forceinline__ cta_coords decode_cta(int tiles, int64_t heads, int64_t chunks) {
-  int64_t cta = blockIdx.x;
+// (Persistent kernels pass the number of the tile they take in place of blockIdx.x.)
+__device__ __forceinline__ cta_coords decode_cta(int tiles, int64_t heads, int64_t chunks, int64_t cta) {
   cta_coords c;
   c.tile = static_cast<int>(cta % tiles);
   cta /= tiles;
@@ -131,6 +131,9 @@ __device__ __forceinline__ cta_coords decode_cta(int tiles, int64_t heads, int64
   c.chunk = cta % chunks;
   c.batch = cta / chunks;
   return c;
+}
+__device__ __forceinline__ cta_coords decode_cta(int tiles, int64_t heads, int64_t chunks) {
+  return decode_cta(tiles, heads, chunks, blockIdx.x);
 }
 
 }  // namespace expanse_cuda

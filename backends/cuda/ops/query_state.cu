@@ -257,7 +257,7 @@ static size_t blocked_query_state_smem_bytes(const expanse_problem& pb) {
     using T = __nv_bfloat16;
     constexpr int E = decltype(e_tag)::value;
     if constexpr (F16)
-      bytes = token_tiles<E>(d) == 2 ? f16_query_state_smem<T, E, 2>(d) : f16_query_state_smem<T, E, 1>(d);
+      bytes = token_tiles<E>(d) == 2 ? f16_query_state_smem<T, E, 2>(d, false) : f16_query_state_smem<T, E, 1>(d, false);
     else
       bytes = token_tiles<E>(d) == 2 ? blocked_query_state_smem<T, E, 2>(d) : blocked_query_state_smem<T, E, 1>(d);
   });
@@ -350,11 +350,17 @@ void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_ta
                      f16_state_tiles_cfg::smem_bytes(pb.D), lc.stream, tp);
   });
   check_launch("query_state f16 state tiles");
-  with_blocked_shape(P, pb, [&](auto type_tag, auto e_tag, auto mt_tag, int64_t ctas) {
+  // One persistent CTA per SM (at most one per tile); the intra-chunk term goes through shared
+  // memory where it fits and its rows are 16-byte aligned runs.
+  const bool y_rows = P.y != nullptr && P.y_se == 1 && P.y_sb % 4 == 0 && P.y_st % 4 == 0 && P.y_sh % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(P.y) % 16 == 0;
+  with_blocked_shape(P, pb, [&](auto type_tag, auto e_tag, auto mt_tag, int64_t tiles) {
     using T = decltype(type_tag);
     constexpr int E = decltype(e_tag)::value, MT = decltype(mt_tag)::value;
-    launch_with_smem(f16_query_state_kernel<T, E, MT>, ctas, f16_query_state_cfg::kThreads,
-                     f16_query_state_smem<T, E, MT>(P.d), lc.stream, P);
+    P.tile_count = tiles;
+    P.stage_y = y_rows && f16_query_state_smem<T, E, MT>(P.d, true) <= lc.props.smem_optin;
+    launch_with_smem(f16_query_state_kernel<T, E, MT>, std::min<int64_t>(tiles, std::max(lc.props.sm_count, 1)),
+                     f16_query_state_cfg::kThreads, f16_query_state_smem<T, E, MT>(P.d, P.stage_y != 0), lc.stream, P);
   });
   check_launch("f16 query_state");
 }

@@ -35,6 +35,8 @@ struct mma_query_state_params {
   phi_blocks blocks;          // for the blocked kernel only
   const float* state_scales;  // the F16 kernel: the states' column scales and f16 B tiles
   const __half* f16_tiles;    // (kernels/sm90/f16_state_tiles.cuh)
+  int64_t tile_count;         // the F16 kernel: the tiles its CTAs take in turn
+  int stage_y;                // the F16 kernel: the intra-chunk term goes through shared memory
   int64_t t, c, n, h, hq, D;
   int d, p, normalize, tok_tiles;
   float scale_p;  // scale^p
@@ -54,14 +56,16 @@ constexpr size_t mma_query_state_smem(int d) {
          2 * size_t(kRowsK) * 4 * sizeof(int);
 }
 
-// The coordinates of a query-state CTA: `tokens` query tokens (tile `tile` of its chunk) of one
-// query head; ntok <= 0 when the tile lies past the chunk's end.
+// The coordinates of a query-state tile: `tokens` query tokens of one chunk and query head; ntok <= 0
+// when the tile lies past the chunk's end. Tile number `tile` (persistent kernels), by default the
+// CTA's own (blockIdx.x).
 struct query_tile {
   int64_t qh, chunk, batch, kv, bh;  // query head, chunk, batch, key/value head, batch * h + kv
   int64_t tok0, ntok;                // first token, tokens in the tile
 };
-__device__ __forceinline__ query_tile decode_query_tile(const mma_query_state_params& P, int tokens) {
-  const cta_coords at = decode_cta(P.tok_tiles, P.hq, P.n);
+__device__ __forceinline__ query_tile decode_query_tile(const mma_query_state_params& P, int tokens,
+                                                       int64_t tile = -1) {
+  const cta_coords at = decode_cta(P.tok_tiles, P.hq, P.n, tile < 0 ? int64_t(blockIdx.x) : tile);
   query_tile q;
   q.qh = at.head; q.chunk = at.chunk; q.batch = at.batch;
   q.kv = q.qh / (P.hq / P.h);

@@ -64,4 +64,33 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
 #endif
 }
 
+// One arrival on `bar` once every cp.async this thread has issued so far has landed (counted in
+// the barrier's arrivals at init: "noinc").
+__device__ __forceinline__ void copy_async_arrive(uint64_t* bar) {
+#if EXPANSE_SM90A_DEVICE
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
+#endif
+}
+// A barrier for `threads` threads (whole warps) of the CTA only, numbered `id` (1..15; 0 is
+// __syncthreads').
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Moves registers between warpgroups of a warp-specialized CTA: every warp of a warpgroup lowers
+// (or raises) its per-thread register count to N together; ptxas then allocates the code that
+// follows within N (with the kernel's register count fixed by __launch_bounds__).
+template <int N>
+__device__ __forceinline__ void warpgroup_registers_lower() {
+#if EXPANSE_SM90A_DEVICE
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void warpgroup_registers_raise() {
+#if EXPANSE_SM90A_DEVICE
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
 }  // namespace expanse_cuda

@@ -9,13 +9,21 @@
 // bf16's 8 do not; both scales are undone, exactly, in the epilogue. (At p = 3, 4 this measured up
 // to 4e-3, too close to the bound: those keep the split form.)
 //
-// CTA: 2 consumer warpgroups and one producer warp. Each consumer warpgroup holds MT m64 tiles of
-// tokens (128 MT tokens per CTA, one chunk, all e, one query head), forms A and multiplies. The
-// producer's first lane copies each step's ready B tile (one bulk copy of the tile's bytes) into a
-// ring of buffers, each with a "full" transaction barrier (the copy's bytes have landed) and an
-// "empty" one (every consumer warp has finished its products of the tile), bulk_copy.cuh. Earlier
-// forms converted the state rows inside this kernel, four times per state at c = 1024 and on the
-// critical path; the producers could not keep up (docs/performance.md).
+// A persistent CTA per SM takes the tiles in turn (tile = blockIdx.x + k gridDim.x) and has three
+// roles, each looping over the same tiles:
+// - two consumer warpgroups hold MT m64 tiles of tokens each (128 MT tokens, one chunk, all e, one
+//   query head), form A, multiply and write the outputs;
+// - the copy warp's first lane copies each step's ready B tile (one bulk copy) into a ring of
+//   buffers, each with a "full" transaction barrier (the bytes have landed) and an "empty" one
+//   (every consumer warp has finished its products of the tile), bulk_copy.cuh; it runs ahead
+//   across tiles, so the next tile's first steps land during this tile's epilogue;
+// - three loader warps stage each tile's context one tile ahead (double-buffered): the query tile
+//   rewritten as f16, the column and token scales and the epilogue's per-token inputs; and the
+//   intra-chunk term y, during the tile's own products, when it fits in shared memory.
+// So the consumers only multiply and write: the prologue and epilogue of one CTA per tile (a DRAM
+// round trip and a pass over the query tile each) had taken 0.19 of 0.67 ms (docs/performance.md).
+// Earlier forms converted the state rows inside this kernel, four times per state at c = 1024 and
+// on the critical path; the producers could not keep up.
 #pragma once
 
 #include "kernels/sm90/blocked_query_state.cuh"
@@ -25,33 +33,85 @@
 namespace expanse_cuda {
 
 namespace f16_query_state_cfg {
-constexpr int kConsumerThreads = 256;            // two warpgroups (warps 0-7)
-constexpr int kThreads = kConsumerThreads + 32;  // and the producer warp
+constexpr int kConsumerThreads = 256;  // two warpgroups (warps 0-7)
 constexpr int kConsumerWarps = kConsumerThreads / 32;
+constexpr int kCopyWarp = kConsumerWarps;  // warp 8: its first lane copies the B tiles
+constexpr int kLoaderThreads = 96;         // warps 9-11: the tile contexts
+constexpr int kThreads = kConsumerThreads + 32 + kLoaderThreads;
+constexpr int kLoaderBarrier = 1;  // the loader warps' named barrier
+// Registers per thread (setmaxnreg): 168 at launch (384 threads); the copy and loader warpgroup
+// gives part of its share to the consumers, whose accumulators, A slots and epilogue need them
+// (at 168 each, the epilogue inside the tile loop spilled).
+constexpr int kProducerRegisters = 96, kConsumerRegisters = 200;
+static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536, "the register file");
 // A fragments in flight per consumer warpgroup: four K slices (one step), so the warps form the
 // next slices while the tensor cores still run three. (A divisor of the 4 slices per step, so that
 // a slice's slot is the same in every step.)
 constexpr int kASlots = 4;
-constexpr int kBuffers = 8;  // B tiles in flight: 72 KB at e = 64
+// B tiles in flight: 72 KB at e = 64; 85 KB at e = 128 (so that d = 256 still fits).
+template <int E> constexpr int ring_buffers() { return E <= 64 ? 8 : 5; }
+constexpr int kBarriers = 6;  // besides the ring's: context full and empty (x2), y full and empty
+
+// A tile's context: the query tile (kTok rows of d + 8, type T, then f16), the state's column
+// factors (e + 1, padded to a 16-byte multiple), and per token the factor that undoes its scale and
+// the epilogue's inputs Gc, rowmax, l.
+template <class T, int E, int MT>
+constexpr size_t context_bytes(int d) {
+  return size_t(128 * MT) * (d + 8) * sizeof(T) + (E + 4) * sizeof(float) + 4 * size_t(128 * MT) * sizeof(float);
+}
+// The intra-chunk term of a tile, f32 (see staged_y_col).
+template <int E, int MT>
+constexpr size_t y_tile_bytes() { return size_t(128 * MT) * E * sizeof(float); }
+template <int E>
+constexpr size_t contexts_offset() {
+  return size_t(ring_buffers<E>()) * f16_state_tiles_cfg::tile_elems<E>() * sizeof(__half) +
+         (2 * ring_buffers<E>() + kBarriers) * sizeof(uint64_t);
+}
+// Where column block nt (8 floats) of row `row` of the staged y tile starts: blocks swapped by the
+// row, so that the 8 rows of a warp's read fall in different banks.
+template <int E>
+__device__ __forceinline__ int staged_y_col(int row, int nt) { return (nt ^ (row & (min(8, E / 8) - 1))) * 8; }
 }  // namespace f16_query_state_cfg
 
 template <class T, int E, int MT>
-constexpr size_t f16_query_state_smem(int d) {
+constexpr size_t f16_query_state_smem(int d, bool stage_y) {
   using namespace f16_query_state_cfg;
-  return kBuffers * size_t(f16_state_tiles_cfg::tile_elems<E>()) * sizeof(__half) + 2 * kBuffers * sizeof(uint64_t) +
-         size_t(128 * MT) * (d + 8) * sizeof(T) + (E + 1 + 4 * 128 * MT) * sizeof(float);
+  return contexts_offset<E>() + 2 * context_bytes<T, E, MT>(d) + (stage_y ? y_tile_bytes<E, MT>() : 0);
 }
+
+template <class T>
+struct query_context {
+  T* q;
+  float *col_unscale, *token_unscale, *token_g, *token_rm, *token_l;
+};
+template <class T, int E, int kTok>
+__device__ __forceinline__ query_context<T> query_context_at(unsigned char* base, int d) {
+  query_context<T> c;
+  c.q = reinterpret_cast<T*>(base);
+  c.col_unscale = reinterpret_cast<float*>(c.q + kTok * (d + 8));
+  c.token_unscale = c.col_unscale + E + 4;
+  c.token_g = c.token_unscale + kTok;
+  c.token_rm = c.token_g + kTok;
+  c.token_l = c.token_rm + kTok;
+  return c;
+}
+
+// 2^k as a float, exactly, for -126 <= k <= 127 (the exponent field alone).
+__device__ __forceinline__ float pow2_of(int k) { return __int_as_float((k + 127) << 23); }
 
 // The query tile in f16: each token's row of x (kTok rows of d, type T) rewritten in place as f16
 // times 2^s, with s such that |x 2^s| < 2^(15 / p) (so |phi| < 2^15), the column of ones at d as f16
 // ones; token_unscale[row] = 2^(-p s), the factor that undoes the scale of phi. Eight lanes per row,
-// 16 bytes each (one thread per row ran 2 d dependent shared-memory accesses in the prologue).
+// 16 bytes each, by `workers` threads (whole warps; this one is `worker`). The exponents come from
+// the bits (frexpf, ldexpf and a division by p per row had made this the loader's slowest part).
 template <class T, int kTok>
-__device__ __forceinline__ void scale_query_tile_to_f16(T* qs, int qs_stride, int d, int p, float* token_unscale) {
+__device__ __forceinline__ void scale_query_tile_to_f16(T* qs, int qs_stride, int d, int p, float* token_unscale,
+                                                        int worker, int workers) {
   static_assert(kTok % 4 == 0, "whole warps of rows");
-  const int sub = threadIdx.x % 8, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int sub = worker % 8, warp = worker / 32, warps = workers / 32;
+  const int top = 15 / p, lim = min(60, 126 / p);  // |s| <= lim keeps 2^(p s) a normal float
   for (int row0 = warp * 4; row0 < kTok; row0 += warps * 4) {  // four rows per warp, the same trips
-    const int row = row0 + (threadIdx.x % 32) / 8;
+    const int row = row0 + (worker % 32) / 8;
     T* const x = qs + row * qs_stride;
     float mx = 0.f;
     for (int c8 = sub; c8 < d / 8; c8 += 8) {
@@ -62,10 +122,10 @@ __device__ __forceinline__ void scale_query_tile_to_f16(T* qs, int qs_stride, in
     }
 #pragma unroll
     for (int o = 1; o < 8; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    int ex = 0;
-    frexpf(mx, &ex);  // mx < 2^ex
-    const int s = mx > 0.f && isfinite(mx) ? max(-60, min(60, 15 / p - ex)) : 0;
-    const float f = ldexpf(1.f, s);
+    // mx < 2^ex (subnormal mx: ex = -126, and s is clamped to lim anyway).
+    const int ex = ((__float_as_int(mx) >> 23) & 0xff) - 126;
+    const int s = mx > 0.f && isfinite(mx) ? max(-lim, min(lim, top - ex)) : 0;
+    const float f = pow2_of(s);
     for (int c8 = sub; c8 < d / 8; c8 += 8) {
       uint4 v = *reinterpret_cast<const uint4*>(x + c8 * 8);
       const T* xs = reinterpret_cast<const T*>(&v);
@@ -77,31 +137,27 @@ __device__ __forceinline__ void scale_query_tile_to_f16(T* qs, int qs_stride, in
     }
     if (sub == 0) {
       reinterpret_cast<__half*>(x)[d] = __float2half_rn(1.f);
-      token_unscale[row] = ldexpf(1.f, -p * s);
+      token_unscale[row] = pow2_of(-p * s);
     }
   }
 }
 
+// Where the epilogue finds the intra-chunk term.
+enum class intra_term { none, staged, global };
+
 // The kernel's epilogue, for consumer warpgroup wg's MT m64 tiles of sums acc (column E: the
 // denominator, held by tq = 0): undo the token and column scales (both powers of two), then
 // decay, scale^p, the intra-chunk term and normalization, as mma_query_state.cuh's
-// store_query_output. The per-token inputs come from shared memory, staged in the prologue; the
-// intra-chunk term is read through the read-only path (so that the compiler may move those loads
-// above the stores); pairs of outputs are stored as one word.
-template <class T, int E, int MT>
+// store_query_output, folded into one factor per token and one per column: o = acc c_col a_tok
+// (+ y b_tok). The per-token inputs come from the tile's context; the intra-chunk term from the
+// staged tile ys or through the read-only path (kY, chosen once per tile: per-output branches had
+// made this 2700 instructions per warp); pairs of outputs are stored as one word.
+template <intra_term kY, class T, int E, int MT>
 __device__ __forceinline__ void store_f16_outputs(const mma_query_state_params& P, const query_tile& at,
-                                                  float (&acc)[MT][E / 2 + 4], int wg, const float* token_unscale,
-                                                  const float* col_unscale, const float* token_g,
-                                                  const float* token_rm, const float* token_l) {
+                                                  float (&acc)[MT][E / 2 + 4], int wg, const query_context<T>& cx,
+                                                  const float* ys) {
   constexpr int kNT = E / 8;
   const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3, g = lane >> 2, tq = lane & 3;
-  const bool intra = P.y != nullptr;
-  float cu[kNT][2];  // this lane's columns' factors
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-    for (int u = 0; u < 2; ++u) cu[nt][u] = col_unscale[nt * 8 + 2 * tq + u];
-  auto local_of = [&](int mt, int hf) { return (mt * 2 + wg) * 64 + wq * 16 + hf * 8 + g; };
   T* const obase = static_cast<T*>(P.o) + at.batch * P.o_sb + at.qh * P.o_sh;
   const bool pairs = P.o_se == 1 && P.o_st % 2 == 0 && reinterpret_cast<uintptr_t>(obase) % 4 == 0;
   const float f = P.scale_p;
@@ -109,32 +165,124 @@ __device__ __forceinline__ void store_f16_outputs(const mma_query_state_params& 
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const int local = local_of(mt, hf);
-      const float tu = token_unscale[local];
-      const float den = __shfl_sync(0xffffffffu, acc[mt][4 * kNT + 2 * hf], lane & ~3) * (tu * col_unscale[E]);
+      const int local = (mt * 2 + wg) * 64 + wq * 16 + hf * 8 + g;
+      const float tu = cx.token_unscale[local];
+      const float den = __shfl_sync(0xffffffffu, acc[mt][4 * kNT + 2 * hf], lane & ~3) * (tu * cx.col_unscale[E]);
       if (local >= at.ntok) continue;
-      const output_weights w =
-          output_weights_of(den * f, token_g[local], intra, token_l[local], token_rm[local], P.normalize != 0);
-      const float wn = w.wn * f;
+      const output_weights w = output_weights_of(den * f, cx.token_g[local], kY != intra_term::none,
+                                                 cx.token_l[local], cx.token_rm[local], P.normalize != 0);
+      const float a = tu * w.wn * f * w.r, b = w.wy * w.r;
       T* const out = obase + (at.tok0 + local) * P.o_st;
       const float* const yrow = P.y + at.batch * P.y_sb + (at.tok0 + local) * P.y_st + at.qh * P.y_sh;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
-        float v[2];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const float yv = intra ? __ldg(yrow + (nt * 8 + 2 * tq + u) * P.y_se) : 0.f;
-          v[u] = (acc[mt][4 * nt + 2 * hf + u] * (tu * cu[nt][u]) * wn + yv * w.wy) * w.r;
-        }
         const int col = nt * 8 + 2 * tq;
+        const float2 cu = *reinterpret_cast<const float2*>(cx.col_unscale + col);  // the columns' factors
+        float v0 = acc[mt][4 * nt + 2 * hf] * cu.x * a, v1 = acc[mt][4 * nt + 2 * hf + 1] * cu.y * a;
+        if constexpr (kY == intra_term::staged) {
+          const float2 y = *reinterpret_cast<const float2*>(ys + local * E +
+                                                            f16_query_state_cfg::staged_y_col<E>(local, nt) + 2 * tq);
+          v0 += y.x * b;
+          v1 += y.y * b;
+        } else if constexpr (kY == intra_term::global) {
+          v0 += __ldg(yrow + col * P.y_se) * b;
+          v1 += __ldg(yrow + (col + 1) * P.y_se) * b;
+        }
         if (pairs) {
-          *reinterpret_cast<uint32_t*>(out + col) = pack2_f32<T>(v[0], v[1]);
+          *reinterpret_cast<uint32_t*>(out + col) = pack2_f32<T>(v0, v1);
         } else {
-          out[col * P.o_se] = from_f32<T>(v[0]);
-          out[(col + 1) * P.o_se] = from_f32<T>(v[1]);
+          out[col * P.o_se] = from_f32<T>(v0);
+          out[(col + 1) * P.o_se] = from_f32<T>(v1);
         }
       }
     }
+}
+
+// The copy warp's first lane: every step's B tile of every tile this CTA takes, in order, into the
+// ring (step f of the CTA's whole sequence into buffer f % kNB, once the consumers have released it).
+template <int E, int MT>
+__device__ __forceinline__ void copy_state_tiles(const mma_query_state_params& P, __half* ring, uint64_t* full,
+                                                 uint64_t* empty) {
+  constexpr int kNB = f16_query_state_cfg::ring_buffers<E>();
+  constexpr int b_size = f16_state_tiles_cfg::tile_elems<E>();
+  constexpr uint32_t kTileBytes = b_size * sizeof(__half);
+  const int64_t steps = P.blocks.count;
+  int64_t f = 0;
+  for (int64_t tile = blockIdx.x; tile < P.tile_count; tile += gridDim.x) {
+    const query_tile at = decode_query_tile(P, 128 * MT, tile);
+    if (at.ntok <= 0) continue;
+    const int64_t state = (at.batch * P.n + at.chunk) * P.h + at.kv;
+    const __half* const tiles = P.f16_tiles + state * steps * b_size;
+    for (int step = 0; step < steps; ++step, ++f) {
+      const int buf = f % kNB;
+      if (f >= kNB) mbarrier_wait(&empty[buf], static_cast<uint32_t>((f / kNB - 1) & 1));
+      mbarrier_arrive_expect_tx(&full[buf], kTileBytes);
+      bulk_copy_to_shared(ring + buf * b_size, tiles + step * b_size, kTileBytes, &full[buf]);
+    }
+  }
+}
+
+// The loader warps (thread `lt` of kLoaderThreads): for each tile, once the consumers have released
+// its context buffer (two tiles back), copy the query tile, column scales and per-token inputs by
+// cp.async (tokens past ntok read as zeros), rewrite the query tile as f16, and arrive on the
+// buffer's "full" barrier; then, once the consumers have finished the previous tile's epilogue,
+// start the copies of the tile's intra-chunk term into ys, which arrive on y_full when they land.
+template <class T, int E, int MT>
+__device__ __forceinline__ void load_tile_contexts(const mma_query_state_params& P, unsigned char* contexts,
+                                                   size_t context_size, uint64_t* ctx_full, uint64_t* ctx_empty,
+                                                   float* ys, uint64_t* y_full, uint64_t* y_empty, int lt) {
+  using namespace f16_query_state_cfg;
+  constexpr int kTok = 128 * MT;
+  const int d = P.d, qs_stride = d + 8;
+  const int chunks = d / 8, rows_step = kLoaderThreads / chunks, c8_step = kLoaderThreads % chunks;
+  int local = 0;
+  for (int64_t tile = blockIdx.x; tile < P.tile_count; tile += gridDim.x) {
+    const query_tile at = decode_query_tile(P, kTok, tile);
+    if (at.ntok <= 0) continue;
+    const int64_t qh = at.qh, batch = at.batch, tok0 = at.tok0, ntok = at.ntok;
+    const int64_t state = (batch * P.n + at.chunk) * P.h + at.kv;
+    const int b = local & 1;
+    if (local >= 2) mbarrier_wait(&ctx_empty[b], static_cast<uint32_t>((local / 2 - 1) & 1));
+    const query_context<T> cx = query_context_at<T, E, kTok>(contexts + b * context_size, d);
+    const T* const qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;
+    // 16-byte pieces c8 of rows `row`, kLoaderThreads apart (no division per piece: d is a run-time value).
+    for (int row = lt / chunks, c8 = lt % chunks; row < kTok; row += rows_step, c8 += c8_step) {
+      if (c8 >= chunks) c8 -= chunks, ++row;
+      if (row >= kTok) break;
+      copy_async<16>(cx.q + row * qs_stride + c8 * 8, qbase + (tok0 + min(int64_t(row), ntok - 1)) * P.q_st + c8 * 8,
+                     row < ntok);
+    }
+    for (int c = lt; c <= E; c += kLoaderThreads)
+      copy_async<4>(cx.col_unscale + c, P.state_scales + state * (E + 1) + c, true);
+    for (int row = lt; row < kTok; row += kLoaderThreads) {
+      const int64_t i = tok0 + min(int64_t(row), ntok - 1);
+      copy_async<4>(cx.token_g + row, P.g.Gc ? P.g.Gc + at.bh * P.t + i : P.state_scales, P.g.Gc && row < ntok);
+      if (P.y) {
+        copy_async<4>(cx.token_rm + row, P.rowmax + batch * P.r_sb + i * P.r_st + qh * P.r_sh, row < ntok);
+        copy_async<4>(cx.token_l + row, P.l ? P.l + batch * P.l_sb + i * P.l_st + qh * P.l_sh : P.state_scales,
+                      P.l && row < ntok);
+      }
+    }
+    copy_async_commit();
+    copy_async_wait<0>();
+    // 1 / scale, exactly (powers of two; each thread inverts the scales it copied): the epilogue
+    // multiplies where a division cost ten instructions per output.
+    for (int c = lt; c <= E; c += kLoaderThreads) cx.col_unscale[c] = 1.f / cx.col_unscale[c];
+    named_barrier_sync(kLoaderBarrier, kLoaderThreads);  // every loader's rows have landed
+    scale_query_tile_to_f16<T, kTok>(cx.q, qs_stride, d, P.p, cx.token_unscale, lt, kLoaderThreads);
+    mbarrier_arrive(&ctx_full[b]);
+    if (ys != nullptr) {
+      if (local >= 1) mbarrier_wait(y_empty, static_cast<uint32_t>((local - 1) & 1));
+      const float* const ybase = P.y + batch * P.y_sb + qh * P.y_sh;
+      for (int vi = lt; vi < kTok * E / 4; vi += kLoaderThreads) {
+        const int row = vi / (E / 4), piece = vi % (E / 4);
+        copy_async<16>(ys + row * E + staged_y_col<E>(row, piece / 2) + (piece % 2) * 4,
+                       ybase + (tok0 + min(int64_t(row), ntok - 1)) * P.y_st + piece * 4, row < ntok);
+      }
+      copy_async_arrive(y_full);
+    }
+    ++local;
+  }
 }
 
 template <class T, int E, int MT>
@@ -142,145 +290,132 @@ __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_st
   using namespace f16_query_state_cfg;
   constexpr int kTok = 128 * MT;
   constexpr int N = E + 8;
+  constexpr int kNB = ring_buffers<E>();
   constexpr int kChunk = f16_state_tiles_cfg::chunk_elems<E>();
   constexpr int b_size = f16_state_tiles_cfg::tile_elems<E>();
-  constexpr uint32_t kTileBytes = b_size * sizeof(__half);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int d = P.d, qs_stride = d + 8;
-  // The ring of B tiles, its barriers, the query tile (x, then x 2^s in f16), the state's column
-  // scales (e, then z; then the factors that undo them), and per token: the factor that undoes its
-  // scale and the epilogue's inputs (Gc, and with the intra-chunk term rowmax and l).
+  // The ring of B tiles, the barriers, two tile contexts, the staged intra-chunk term.
   __half* const bt0 = reinterpret_cast<__half*>(smem_raw);
-  uint64_t* const full = reinterpret_cast<uint64_t*>(bt0 + kBuffers * b_size);
-  uint64_t* const empty = full + kBuffers;
-  T* const qs = reinterpret_cast<T*>(empty + kBuffers);
-  float* const col_unscale = reinterpret_cast<float*>(qs + kTok * qs_stride);
-  float* const token_unscale = col_unscale + (E + 1);
-  float* const token_g = token_unscale + kTok;
-  float* const token_rm = token_g + kTok;
-  float* const token_l = token_rm + kTok;
+  uint64_t* const full = reinterpret_cast<uint64_t*>(bt0 + kNB * b_size);
+  uint64_t* const empty = full + kNB;
+  uint64_t* const ctx_full = empty + kNB;     // [2]
+  uint64_t* const ctx_empty = ctx_full + 2;  // [2]
+  uint64_t* const y_full = ctx_empty + 2;
+  uint64_t* const y_empty = y_full + 1;
+  unsigned char* const contexts = smem_raw + contexts_offset<E>();
+  const size_t context_size = context_bytes<T, E, MT>(d);
+  float* const ys = P.stage_y ? reinterpret_cast<float*>(contexts + 2 * context_size) : nullptr;
 
-  const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, tq = tid & 3;
-  const int wg = warp >> 2, wq = warp & 3;
-  const query_tile at = decode_query_tile(P, kTok);
-  if (at.ntok <= 0) return;
-  const int64_t qh = at.qh, batch = at.batch, tok0 = at.tok0, ntok = at.ntok;
-  const int64_t steps = P.blocks.count;
-  const int64_t state = (batch * P.n + at.chunk) * P.h + at.kv;
-  const __half* const tiles = P.f16_tiles + state * steps * b_size;
-  // Step f's tile into buffer f % kBuffers.
-  auto issue = [&](int64_t f) {
-    const int buf = static_cast<int>(f % kBuffers);
-    mbarrier_arrive_expect_tx(&full[buf], kTileBytes);
-    bulk_copy_to_shared(bt0 + buf * b_size, tiles + f * b_size, kTileBytes, &full[buf]);
-  };
-
-  const bool producer = tid == kConsumerThreads;
-  if (producer) {
-    // The first tiles start landing while the CTA loads its query tile.
-    for (int b = 0; b < kBuffers; ++b) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  if (tid == 0) {
+    for (int b = 0; b < kNB; ++b) {
       mbarrier_init(&full[b], 1);
       mbarrier_init(&empty[b], kConsumerWarps);
     }
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(&ctx_full[b], kLoaderThreads);
+      mbarrier_init(&ctx_empty[b], kConsumerWarps);
+    }
+    mbarrier_init(y_full, kLoaderThreads);
+    mbarrier_init(y_empty, kConsumerWarps);
     mbarrier_init_fence();
-    for (int64_t f = 0; f < kBuffers && f < steps; ++f) issue(f);
   }
-  // Everything else the CTA reads once, by cp.async, all in flight together (tokens past ntok read
-  // as zeros): the query tile, the column scales and the per-token inputs of the epilogue.
-  {
-    const T* const qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;
-    for (int vi = tid; vi < kTok * d / 8; vi += kThreads) {
-      const int row = vi / (d / 8), c8 = vi % (d / 8);
-      copy_async<16>(qs + row * qs_stride + c8 * 8, qbase + (tok0 + min(int64_t(row), ntok - 1)) * P.q_st + c8 * 8,
-                     row < ntok);
-    }
-    if (tid <= E) copy_async<4>(col_unscale + tid, P.state_scales + state * (E + 1) + tid, true);
-    for (int row = tid; row < kTok; row += kThreads) {
-      const int64_t i = tok0 + min(int64_t(row), ntok - 1);
-      copy_async<4>(token_g + row, P.g.Gc ? P.g.Gc + at.bh * P.t + i : P.state_scales, P.g.Gc && row < ntok);
-      if (P.y) {
-        copy_async<4>(token_rm + row, P.rowmax + batch * P.r_sb + i * P.r_st + qh * P.r_sh, row < ntok);
-        copy_async<4>(token_l + row, P.l ? P.l + batch * P.l_sb + i * P.l_st + qh * P.l_sh : P.state_scales,
-                      P.l && row < ntok);
-      }
-    }
-    copy_async_commit();
-    copy_async_wait<0>();
-    // 1 / scale, exactly (powers of two; each thread inverts the scale it copied): the epilogue
-    // multiplies where a division cost ten instructions per output.
-    if (tid <= E) col_unscale[tid] = 1.f / col_unscale[tid];
-  }
-  __syncthreads();  // the query tile, the barriers
-  scale_query_tile_to_f16<T, kTok>(qs, qs_stride, d, P.p, token_unscale);
-  __syncthreads();  // the f16 query tile and the scales
-
+  __syncthreads();  // the barriers; the roles meet only at them from here on
   if (warp >= kConsumerWarps) {
-    // Step f refills the buffer of step f - kBuffers once every consumer warp has released it.
-    if (producer)
-      for (int64_t f = kBuffers; f < steps; ++f) {
-        mbarrier_wait(&empty[f % kBuffers], static_cast<uint32_t>((f / kBuffers - 1) & 1));
-        issue(f);
-      }
+    warpgroup_registers_lower<kProducerRegisters>();
+    if (warp == kCopyWarp) {
+      if (lane == 0) copy_state_tiles<E, MT>(P, bt0, full, empty);
+    } else {
+      load_tile_contexts<T, E, MT>(P, contexts, context_size, ctx_full, ctx_empty, ys, y_full, y_empty,
+                                   tid - (kConsumerThreads + 32));
+    }
     return;
   }
+  warpgroup_registers_raise<kConsumerRegisters>();
 
   // Consumers: warpgroup wg holds rows g and g + 8 (hf) of its warp's 16 in each of its m64 tiles.
-  float acc[MT][N / 2];
-  wgmma_zero(acc);
+  const int wg = warp >> 2, wq = warp & 3;
+  const int steps = static_cast<int>(P.blocks.count);
   // Token row g of this lane's warp in m64 tile mt is at qrow + mt * mt_step, row g + 8 at + hf_step.
-  const __half* const qrow = reinterpret_cast<const __half*>(qs + (wg * 64 + wq * 16 + g) * qs_stride);
+  const int row_offset = (wg * 64 + wq * 16 + g) * qs_stride;
   const int hf_step = 8 * qs_stride, mt_step = 128 * qs_stride;
-  auto q_word = [&](int mt, int hf, int col) {  // x[col], x[col + 1] of a token as one word
-    return *reinterpret_cast<const uint32_t*>(qrow + mt * mt_step + hf * hf_step + col);
-  };
+  uint32_t f = 0;  // steps of all tiles so far: this step's B tile is in buffer f % kNB
+  int local = 0;
+  for (int64_t tile = blockIdx.x; tile < P.tile_count; tile += gridDim.x) {
+    if (decode_query_tile(P, kTok, tile).ntok <= 0) continue;
+    const int b = local & 1;
+    mbarrier_wait(&ctx_full[b], (local / 2) & 1);
+    // (The tile's coordinates and context are found again for the epilogue: registers are short.)
+    const __half* const qrow =
+        reinterpret_cast<const __half*>(query_context_at<T, E, kTok>(contexts + b * context_size, d).q + row_offset);
+    auto q_word = [&](int mt, int hf, int col) {  // x[col], x[col + 1] of a token as one word
+      return *reinterpret_cast<const uint32_t*>(qrow + mt * mt_step + hf * hf_step + col);
+    };
 
-  phi_block cur = P.blocks.block[0];  // the block of the step being multiplied
-  // The A fragments of K slice ks (slot ks % kASlots) are read by that slice's products (one wgmma
-  // group each) until they complete; the slot is rewritten after waiting for that group only.
-  uint32_t a[kASlots][MT][4];
-  for (int64_t step = 0; step < steps; ++step) {
-    const int buf = static_cast<int>(step % kBuffers);
-    const phi_block next = step + 1 < steps ? P.blocks.block[step + 1] : cur;
-    // Per token: the pair x[last + 2 tq], x[last + 2 tq + 1], and x[mid .. mid + 7] (16 bytes).
-    uint32_t lastf[MT][2];
-    uint4 mids[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        lastf[mt][hf] = q_word(mt, hf, cur.last + 2 * tq);
-        mids[mt][hf] = *reinterpret_cast<const uint4*>(qrow + mt * mt_step + hf * hf_step + cur.mid);
-      }
-    mbarrier_wait(&full[buf], static_cast<uint32_t>((step / kBuffers) & 1));
-    const __half* bt = bt0 + buf * b_size;
-#pragma unroll
-    for (int ks = 0; ks < f16_state_tiles_cfg::kRowsK / 16; ++ks) {
-      wgmma_wait<kASlots - 1>();  // the group that last read this slot is complete
-      uint32_t(&as)[MT][4] = a[ks % kASlots];
+    float acc[MT][N / 2];
+    wgmma_zero(acc);
+    phi_block cur = P.blocks.block[0];  // the block of the step being multiplied
+    // The A fragments of K slice ks (slot ks % kASlots) are read by that slice's products (one wgmma
+    // group each) until they complete; the slot is rewritten after waiting for that group only.
+    uint32_t a[kASlots][MT][4];
+    for (int step = 0; step < steps; ++step, ++f) {
+      const int buf = f % kNB;
+      const phi_block next = step + 1 < steps ? P.blocks.block[step + 1] : cur;
+      // Per token: the pair x[last + 2 tq], x[last + 2 tq + 1], and x[mid .. mid + 7] (16 bytes).
+      uint32_t lastf[MT][2];
+      uint4 mids[MT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          // x[mid + G] x[last + l]: the product of two f16 values rounded once (the tile keeps x exactly).
-          const int hf = q & 1;
-          as[mt][q] = mul2<__half>(block_mid_pair(mids[mt][hf], 2 * ks + (q >> 1)), lastf[mt][hf]);
+        for (int hf = 0; hf < 2; ++hf) {
+          lastf[mt][hf] = q_word(mt, hf, cur.last + 2 * tq);
+          mids[mt][hf] = *reinterpret_cast<const uint4*>(qrow + mt * mt_step + hf * hf_step + cur.mid);
         }
-      const uint64_t desc = kmajor_desc(bt + ks * 2 * kChunk, kChunk * sizeof(__half), 128);
-      wgmma_fence();
+      mbarrier_wait(&full[buf], (f / kNB) & 1);
+      const __half* bt = bt0 + buf * b_size;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) wgmma_rs<__half, N>(acc[mt], as[mt], desc);
-      wgmma_commit();
+      for (int ks = 0; ks < f16_state_tiles_cfg::kRowsK / 16; ++ks) {
+        wgmma_wait<kASlots - 1>();  // the group that last read this slot is complete
+        uint32_t(&as)[MT][4] = a[ks % kASlots];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            // x[mid + G] x[last + l]: the product of two f16 values rounded once (the tile keeps x exactly).
+            const int hf = q & 1;
+            as[mt][q] = mul2<__half>(block_mid_pair(mids[mt][hf], 2 * ks + (q >> 1)), lastf[mt][hf]);
+          }
+        const uint64_t desc = kmajor_desc(bt + ks * 2 * kChunk, kChunk * sizeof(__half), 128);
+        wgmma_fence();
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) wgmma_rs<__half, N>(acc[mt], as[mt], desc);
+        wgmma_commit();
+      }
+      // The previous step's products are complete (the last wait above, kASlots <= 4): its buffer
+      // is free.
+      if (step >= 1 && lane == 0) mbarrier_arrive(&empty[(f - 1) % kNB]);
+      cur = next;
     }
-    // The previous step's products are complete (the last wait above, kASlots <= 4): its buffer is
-    // free.
-    if (step >= 1 && (tid & 31) == 0) mbarrier_arrive(&empty[(step - 1) % kBuffers]);
-    cur = next;
-  }
-  wgmma_wait<0>();
+    wgmma_wait<0>();
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
-
-  store_f16_outputs<T, E, MT>(P, at, acc, wg, token_unscale, col_unscale, token_g, token_rm, token_l);
+    for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
+    if (lane == 0) mbarrier_arrive(&empty[(f - 1) % kNB]);  // the tile's last step
+    if (ys != nullptr) mbarrier_wait(y_full, local & 1);
+    {
+      const query_tile at = decode_query_tile(P, kTok, tile);
+      const query_context<T> cx = query_context_at<T, E, kTok>(contexts + b * context_size, d);
+      if (ys != nullptr) store_f16_outputs<intra_term::staged, T, E, MT>(P, at, acc, wg, cx, ys);
+      else if (P.y != nullptr) store_f16_outputs<intra_term::global, T, E, MT>(P, at, acc, wg, cx, ys);
+      else store_f16_outputs<intra_term::none, T, E, MT>(P, at, acc, wg, cx, ys);
+    }
+    __syncwarp();  // the warp's reads of the context and of ys are done
+    if (lane == 0) {
+      mbarrier_arrive(&ctx_empty[b]);
+      mbarrier_arrive(y_empty);
+    }
+    ++local;
+  }
 }
 
 }  // namespace expanse_cuda
