@@ -257,7 +257,9 @@ static size_t blocked_query_state_smem_bytes(const expanse_problem& pb) {
     using T = __nv_bfloat16;
     constexpr int E = decltype(e_tag)::value;
     if constexpr (F16)
-      bytes = token_tiles<E>(d) == 2 ? f16_query_state_smem<T, E, 2>(d, false) : f16_query_state_smem<T, E, 1>(d, false);
+      bytes = token_tiles<E>(d) == 2
+                  ? f16_query_state_smem<T, E, 2>(d, f16_query_state_cfg::kMinBuffers, phi_block_count(pb), false)
+                  : f16_query_state_smem<T, E, 1>(d, f16_query_state_cfg::kMinBuffers, phi_block_count(pb), false);
     else
       bytes = token_tiles<E>(d) == 2 ? blocked_query_state_smem<T, E, 2>(d) : blocked_query_state_smem<T, E, 1>(d);
   });
@@ -357,10 +359,14 @@ void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_ta
   with_blocked_shape(P, pb, [&](auto type_tag, auto e_tag, auto mt_tag, int64_t tiles) {
     using T = decltype(type_tag);
     constexpr int E = decltype(e_tag)::value, MT = decltype(mt_tag)::value;
+    using namespace f16_query_state_cfg;
+    auto bytes = [&](int ring, bool stage_y) { return f16_query_state_smem<T, E, MT>(P.d, ring, P.blocks.count, stage_y); };
     P.tile_count = tiles;
-    P.stage_y = y_rows && f16_query_state_smem<T, E, MT>(P.d, true) <= lc.props.smem_optin;
+    P.stage_y = y_rows && bytes(8, true) <= lc.props.smem_optin;  // with at least 8 B tiles in flight
+    P.ring = kMaxBuffers;
+    while (P.ring > kMinBuffers && bytes(P.ring, P.stage_y != 0) > lc.props.smem_optin) --P.ring;
     launch_with_smem(f16_query_state_kernel<T, E, MT>, std::min<int64_t>(tiles, std::max(lc.props.sm_count, 1)),
-                     f16_query_state_cfg::kThreads, f16_query_state_smem<T, E, MT>(P.d, P.stage_y != 0), lc.stream, P);
+                     kThreads, bytes(P.ring, P.stage_y != 0), lc.stream, P);
   });
   check_launch("f16 query_state");
 }

@@ -37,6 +37,7 @@ struct mma_query_state_params {
   const __half* f16_tiles;    // (kernels/sm90/f16_state_tiles.cuh)
   int64_t tile_count;         // the F16 kernel: the tiles its CTAs take in turn
   int stage_y;                // the F16 kernel: the intra-chunk term goes through shared memory
+  int ring;                   // the F16 kernel: B tiles in flight
   int64_t t, c, n, h, hq, D;
   int d, p, normalize, tok_tiles;
   float scale_p;  // scale^p

@@ -48,8 +48,9 @@ static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <
 // next slices while the tensor cores still run three. (A divisor of the 4 slices per step, so that
 // a slice's slot is the same in every step.)
 constexpr int kASlots = 4;
-// B tiles in flight: 72 KB at e = 64; 85 KB at e = 128 (so that d = 256 still fits).
-template <int E> constexpr int ring_buffers() { return E <= 64 ? 8 : 5; }
+// B tiles in flight: the launcher takes as many as fit in shared memory, up to kMaxBuffers (72 KB
+// at e = 64; 12 and 16 measured the same as 8 on the H100).
+constexpr int kMinBuffers = 4, kMaxBuffers = 8;
 constexpr int kBarriers = 6;  // besides the ring's: context full and empty (x2), y full and empty
 
 // A tile's context: the query tile (kTok rows of d + 8, type T, then f16), the state's column
@@ -62,10 +63,15 @@ constexpr size_t context_bytes(int d) {
 // The intra-chunk term of a tile, f32 (see staged_y_col).
 template <int E, int MT>
 constexpr size_t y_tile_bytes() { return size_t(128 * MT) * E * sizeof(float); }
+// The shared memory: the ring of B tiles, the barriers, the step table (each step's phi block as
+// byte offsets into a query row), two tile contexts, the staged intra-chunk term.
 template <int E>
-constexpr size_t contexts_offset() {
-  return size_t(ring_buffers<E>()) * f16_state_tiles_cfg::tile_elems<E>() * sizeof(__half) +
-         (2 * ring_buffers<E>() + kBarriers) * sizeof(uint64_t);
+__host__ __device__ constexpr size_t step_table_offset(int ring) {
+  return size_t(ring) * f16_state_tiles_cfg::tile_elems<E>() * sizeof(__half) + (2 * ring + kBarriers) * sizeof(uint64_t);
+}
+template <int E>
+__host__ __device__ constexpr size_t contexts_offset(int ring, int64_t steps) {
+  return step_table_offset<E>(ring) + size_t(steps + 3) / 4 * 16;
 }
 // Where column block nt (8 floats) of row `row` of the staged y tile starts: blocks swapped by the
 // row, so that the 8 rows of a warp's read fall in different banks.
@@ -74,9 +80,9 @@ __device__ __forceinline__ int staged_y_col(int row, int nt) { return (nt ^ (row
 }  // namespace f16_query_state_cfg
 
 template <class T, int E, int MT>
-constexpr size_t f16_query_state_smem(int d, bool stage_y) {
+constexpr size_t f16_query_state_smem(int d, int ring, int64_t steps, bool stage_y) {
   using namespace f16_query_state_cfg;
-  return contexts_offset<E>() + 2 * context_bytes<T, E, MT>(d) + (stage_y ? y_tile_bytes<E, MT>() : 0);
+  return contexts_offset<E>(ring, steps) + 2 * context_bytes<T, E, MT>(d) + (stage_y ? y_tile_bytes<E, MT>() : 0);
 }
 
 template <class T>
@@ -198,26 +204,41 @@ __device__ __forceinline__ void store_f16_outputs(const mma_query_state_params& 
     }
 }
 
+// A position in the ring of B tiles: the buffer, and the parity of the ring's round (the phase its
+// "full" barrier completes in this round; the "empty" one completed the previous round's).
+struct ring_position {
+  uint32_t buf = 0, phase = 0;
+  // Moves to the next buffer; true when the ring wraps.
+  __device__ __forceinline__ bool advance(uint32_t ring) {
+    if (++buf < ring) return false;
+    buf = 0;
+    phase ^= 1;
+    return true;
+  }
+};
+
 // The copy warp's first lane: every step's B tile of every tile this CTA takes, in order, into the
-// ring (step f of the CTA's whole sequence into buffer f % kNB, once the consumers have released it).
+// ring (step f of the CTA's whole sequence into buffer f % ring, once the consumers have released it).
 template <int E, int MT>
 __device__ __forceinline__ void copy_state_tiles(const mma_query_state_params& P, __half* ring, uint64_t* full,
                                                  uint64_t* empty) {
-  constexpr int kNB = f16_query_state_cfg::ring_buffers<E>();
+  const uint32_t kNB = P.ring;
   constexpr int b_size = f16_state_tiles_cfg::tile_elems<E>();
   constexpr uint32_t kTileBytes = b_size * sizeof(__half);
-  const int64_t steps = P.blocks.count;
-  int64_t f = 0;
+  const int steps = static_cast<int>(P.blocks.count);
+  ring_position at_ring;
+  bool first_round = true;  // the buffers are free until the ring's first wrap
   for (int64_t tile = blockIdx.x; tile < P.tile_count; tile += gridDim.x) {
     const query_tile at = decode_query_tile(P, 128 * MT, tile);
     if (at.ntok <= 0) continue;
     const int64_t state = (at.batch * P.n + at.chunk) * P.h + at.kv;
     const __half* const tiles = P.f16_tiles + state * steps * b_size;
-    for (int step = 0; step < steps; ++step, ++f) {
-      const int buf = f % kNB;
-      if (f >= kNB) mbarrier_wait(&empty[buf], static_cast<uint32_t>((f / kNB - 1) & 1));
+    for (int step = 0; step < steps; ++step) {
+      const uint32_t buf = at_ring.buf;
+      if (!first_round) mbarrier_wait(&empty[buf], at_ring.phase ^ 1);
       mbarrier_arrive_expect_tx(&full[buf], kTileBytes);
       bulk_copy_to_shared(ring + buf * b_size, tiles + step * b_size, kTileBytes, &full[buf]);
+      if (at_ring.advance(kNB)) first_round = false;
     }
   }
 }
@@ -290,12 +311,12 @@ __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_st
   using namespace f16_query_state_cfg;
   constexpr int kTok = 128 * MT;
   constexpr int N = E + 8;
-  constexpr int kNB = ring_buffers<E>();
+  const uint32_t kNB = P.ring;
   constexpr int kChunk = f16_state_tiles_cfg::chunk_elems<E>();
   constexpr int b_size = f16_state_tiles_cfg::tile_elems<E>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int d = P.d, qs_stride = d + 8;
-  // The ring of B tiles, the barriers, two tile contexts, the staged intra-chunk term.
+  // The ring of B tiles, the barriers, the step table, two tile contexts, the staged intra-chunk term.
   __half* const bt0 = reinterpret_cast<__half*>(smem_raw);
   uint64_t* const full = reinterpret_cast<uint64_t*>(bt0 + kNB * b_size);
   uint64_t* const empty = full + kNB;
@@ -303,13 +324,19 @@ __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_st
   uint64_t* const ctx_empty = ctx_full + 2;  // [2]
   uint64_t* const y_full = ctx_empty + 2;
   uint64_t* const y_empty = y_full + 1;
-  unsigned char* const contexts = smem_raw + contexts_offset<E>();
+  uint32_t* const step_table = reinterpret_cast<uint32_t*>(smem_raw + step_table_offset<E>(kNB));
+  unsigned char* const contexts = smem_raw + contexts_offset<E>(kNB, P.blocks.count);
   const size_t context_size = context_bytes<T, E, MT>(d);
   float* const ys = P.stage_y ? reinterpret_cast<float*>(contexts + 2 * context_size) : nullptr;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  // Step s multiplies phi block s: its mid and last features as byte offsets in a query row.
+  for (int64_t s = tid; s < P.blocks.count; s += kThreads) {
+    const phi_block blk = P.blocks.block[s];
+    step_table[s] = uint32_t(blk.mid) * 2 << 16 | uint32_t(blk.last) * 2;
+  }
   if (tid == 0) {
-    for (int b = 0; b < kNB; ++b) {
+    for (uint32_t b = 0; b < kNB; ++b) {
       mbarrier_init(&full[b], 1);
       mbarrier_init(&empty[b], kConsumerWarps);
     }
@@ -335,45 +362,51 @@ __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_st
   warpgroup_registers_raise<kConsumerRegisters>();
 
   // Consumers: warpgroup wg holds rows g and g + 8 (hf) of its warp's 16 in each of its m64 tiles.
+  // The step loop finds its addresses by adding to ones set up per tile: the step's offsets from
+  // the step table, the descriptors from the ring's first.
   const int wg = warp >> 2, wq = warp & 3;
   const int steps = static_cast<int>(P.blocks.count);
-  // Token row g of this lane's warp in m64 tile mt is at qrow + mt * mt_step, row g + 8 at + hf_step.
-  const int row_offset = (wg * 64 + wq * 16 + g) * qs_stride;
-  const int hf_step = 8 * qs_stride, mt_step = 128 * qs_stride;
-  uint32_t f = 0;  // steps of all tiles so far: this step's B tile is in buffer f % kNB
+  const uint32_t row_bytes = (wg * 64 + wq * 16 + g) * qs_stride * 2, hf_bytes = 8 * qs_stride * 2,
+                 mt_bytes = 128 * qs_stride * 2;
+  const uint64_t desc0 = kmajor_desc(bt0, kChunk * sizeof(__half), 128);
+  constexpr uint32_t kTileDesc = b_size * sizeof(__half) / 16, kSliceDesc = 2 * kChunk * sizeof(__half) / 16;
+  ring_position at_ring;  // of this step's B tile, over the steps of all tiles so far
+  uint32_t prev_buf = 0;  // the previous step's buffer
   int local = 0;
   for (int64_t tile = blockIdx.x; tile < P.tile_count; tile += gridDim.x) {
     if (decode_query_tile(P, kTok, tile).ntok <= 0) continue;
     const int b = local & 1;
     mbarrier_wait(&ctx_full[b], (local / 2) & 1);
     // (The tile's coordinates and context are found again for the epilogue: registers are short.)
-    const __half* const qrow =
-        reinterpret_cast<const __half*>(query_context_at<T, E, kTok>(contexts + b * context_size, d).q + row_offset);
-    auto q_word = [&](int mt, int hf, int col) {  // x[col], x[col + 1] of a token as one word
-      return *reinterpret_cast<const uint32_t*>(qrow + mt * mt_step + hf * hf_step + col);
-    };
+    const unsigned char* row[MT][2];  // this lane's token rows g (hf = 0) and g + 8 of m64 tile mt
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        row[mt][hf] = reinterpret_cast<const unsigned char*>(query_context_at<T, E, kTok>(contexts + b * context_size, d).q) +
+                      row_bytes + mt * mt_bytes + hf * hf_bytes + 4 * tq;
 
     float acc[MT][N / 2];
     wgmma_zero(acc);
-    phi_block cur = P.blocks.block[0];  // the block of the step being multiplied
     // The A fragments of K slice ks (slot ks % kASlots) are read by that slice's products (one wgmma
     // group each) until they complete; the slot is rewritten after waiting for that group only.
     uint32_t a[kASlots][MT][4];
-    for (int step = 0; step < steps; ++step, ++f) {
-      const int buf = f % kNB;
-      const phi_block next = step + 1 < steps ? P.blocks.block[step + 1] : cur;
+    for (int step = 0; step < steps; ++step) {
+      const uint32_t buf = at_ring.buf;
       // Per token: the pair x[last + 2 tq], x[last + 2 tq + 1], and x[mid .. mid + 7] (16 bytes).
+      const uint32_t offsets = step_table[step];
+      const uint32_t last = offsets & 0xffff, mid = (offsets >> 16) - 4 * tq;
       uint32_t lastf[MT][2];
       uint4 mids[MT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          lastf[mt][hf] = q_word(mt, hf, cur.last + 2 * tq);
-          mids[mt][hf] = *reinterpret_cast<const uint4*>(qrow + mt * mt_step + hf * hf_step + cur.mid);
+          lastf[mt][hf] = *reinterpret_cast<const uint32_t*>(row[mt][hf] + last);
+          mids[mt][hf] = *reinterpret_cast<const uint4*>(row[mt][hf] + mid);
         }
-      mbarrier_wait(&full[buf], (f / kNB) & 1);
-      const __half* bt = bt0 + buf * b_size;
+      mbarrier_wait(&full[buf], at_ring.phase);
+      const uint64_t step_desc = desc0 + buf * kTileDesc;
 #pragma unroll
       for (int ks = 0; ks < f16_state_tiles_cfg::kRowsK / 16; ++ks) {
         wgmma_wait<kASlots - 1>();  // the group that last read this slot is complete
@@ -386,21 +419,21 @@ __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_st
             const int hf = q & 1;
             as[mt][q] = mul2<__half>(block_mid_pair(mids[mt][hf], 2 * ks + (q >> 1)), lastf[mt][hf]);
           }
-        const uint64_t desc = kmajor_desc(bt + ks * 2 * kChunk, kChunk * sizeof(__half), 128);
         wgmma_fence();
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) wgmma_rs<__half, N>(acc[mt], as[mt], desc);
+        for (int mt = 0; mt < MT; ++mt) wgmma_rs<__half, N>(acc[mt], as[mt], step_desc + ks * kSliceDesc);
         wgmma_commit();
       }
       // The previous step's products are complete (the last wait above, kASlots <= 4): its buffer
       // is free.
-      if (step >= 1 && lane == 0) mbarrier_arrive(&empty[(f - 1) % kNB]);
-      cur = next;
+      if (step >= 1 && lane == 0) mbarrier_arrive(&empty[prev_buf]);
+      prev_buf = buf;
+      at_ring.advance(kNB);
     }
     wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) wgmma_pin(acc[mt]);
-    if (lane == 0) mbarrier_arrive(&empty[(f - 1) % kNB]);  // the tile's last step
+    if (lane == 0) mbarrier_arrive(&empty[prev_buf]);  // the tile's last step
     if (ys != nullptr) mbarrier_wait(y_full, local & 1);
     {
       const query_tile at = decode_query_tile(P, kTok, tile);
