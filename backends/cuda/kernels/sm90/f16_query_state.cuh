@@ -222,7 +222,7 @@ struct ring_position {
 template <int E, int MT>
 __device__ __forceinline__ void copy_state_tiles(const mma_query_state_params& P, __half* ring, uint64_t* full,
                                                  uint64_t* empty) {
-  const uint32_t kNB = P.ring;
+  const uint32_t ring_size = P.ring;
   constexpr int b_size = f16_state_tiles_cfg::tile_elems<E>();
   constexpr uint32_t kTileBytes = b_size * sizeof(__half);
   const int steps = static_cast<int>(P.blocks.count);
@@ -238,7 +238,7 @@ __device__ __forceinline__ void copy_state_tiles(const mma_query_state_params& P
       if (!first_round) mbarrier_wait(&empty[buf], at_ring.phase ^ 1);
       mbarrier_arrive_expect_tx(&full[buf], kTileBytes);
       bulk_copy_to_shared(ring + buf * b_size, tiles + step * b_size, kTileBytes, &full[buf]);
-      if (at_ring.advance(kNB)) first_round = false;
+      if (at_ring.advance(ring_size)) first_round = false;
     }
   }
 }
@@ -311,21 +311,21 @@ __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_st
   using namespace f16_query_state_cfg;
   constexpr int kTok = 128 * MT;
   constexpr int N = E + 8;
-  const uint32_t kNB = P.ring;
+  const uint32_t ring_size = P.ring;
   constexpr int kChunk = f16_state_tiles_cfg::chunk_elems<E>();
   constexpr int b_size = f16_state_tiles_cfg::tile_elems<E>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int d = P.d, qs_stride = d + 8;
   // The ring of B tiles, the barriers, the step table, two tile contexts, the staged intra-chunk term.
   __half* const bt0 = reinterpret_cast<__half*>(smem_raw);
-  uint64_t* const full = reinterpret_cast<uint64_t*>(bt0 + kNB * b_size);
-  uint64_t* const empty = full + kNB;
-  uint64_t* const ctx_full = empty + kNB;     // [2]
+  uint64_t* const full = reinterpret_cast<uint64_t*>(bt0 + ring_size * b_size);
+  uint64_t* const empty = full + ring_size;
+  uint64_t* const ctx_full = empty + ring_size;  // [2]
   uint64_t* const ctx_empty = ctx_full + 2;  // [2]
   uint64_t* const y_full = ctx_empty + 2;
   uint64_t* const y_empty = y_full + 1;
-  uint32_t* const step_table = reinterpret_cast<uint32_t*>(smem_raw + step_table_offset<E>(kNB));
-  unsigned char* const contexts = smem_raw + contexts_offset<E>(kNB, P.blocks.count);
+  uint32_t* const step_table = reinterpret_cast<uint32_t*>(smem_raw + step_table_offset<E>(ring_size));
+  unsigned char* const contexts = smem_raw + contexts_offset<E>(ring_size, P.blocks.count);
   const size_t context_size = context_bytes<T, E, MT>(d);
   float* const ys = P.stage_y ? reinterpret_cast<float*>(contexts + 2 * context_size) : nullptr;
 
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_st
     step_table[s] = uint32_t(blk.mid) * 2 << 16 | uint32_t(blk.last) * 2;
   }
   if (tid == 0) {
-    for (uint32_t b = 0; b < kNB; ++b) {
+    for (uint32_t b = 0; b < ring_size; ++b) {
       mbarrier_init(&full[b], 1);
       mbarrier_init(&empty[b], kConsumerWarps);
     }
@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_st
       // is free.
       if (step >= 1 && lane == 0) mbarrier_arrive(&empty[prev_buf]);
       prev_buf = buf;
-      at_ring.advance(kNB);
+      at_ring.advance(ring_size);
     }
     wgmma_wait<0>();
 #pragma unroll
@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(f16_query_state_cfg::kThreads, 1) f16_query_st
     __syncwarp();  // the warp's reads of the context and of ys are done
     if (lane == 0) {
       mbarrier_arrive(&ctx_empty[b]);
-      mbarrier_arrive(y_empty);
+      mbarrier_arrive(y_empty);  // (unused without a staged term: no one waits on it)
     }
     ++local;
   }
