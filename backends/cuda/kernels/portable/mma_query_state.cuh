@@ -58,15 +58,14 @@ constexpr size_t mma_query_state_smem(int d) {
 }
 
 // The coordinates of a query-state tile: `tokens` query tokens of one chunk and query head; ntok <= 0
-// when the tile lies past the chunk's end. Tile number `tile` (persistent kernels), by default the
-// CTA's own (blockIdx.x).
+// when the tile lies past the chunk's end. Tile number `tile` (persistent kernels take theirs in turn),
+// or the CTA's own (blockIdx.x).
 struct query_tile {
   int64_t qh, chunk, batch, kv, bh;  // query head, chunk, batch, key/value head, batch * h + kv
   int64_t tok0, ntok;                // first token, tokens in the tile
 };
-__device__ __forceinline__ query_tile decode_query_tile(const mma_query_state_params& P, int tokens,
-                                                       int64_t tile = -1) {
-  const cta_coords at = decode_cta(P.tok_tiles, P.hq, P.n, tile < 0 ? int64_t(blockIdx.x) : tile);
+__device__ __forceinline__ query_tile decode_query_tile(const mma_query_state_params& P, int tokens, int64_t tile) {
+  const cta_coords at = decode_cta(P.tok_tiles, P.hq, P.n, tile);
   query_tile q;
   q.qh = at.head; q.chunk = at.chunk; q.batch = at.batch;
   q.kv = q.qh / (P.hq / P.h);
@@ -75,6 +74,9 @@ __device__ __forceinline__ query_tile decode_query_tile(const mma_query_state_pa
   q.tok0 = chunk_first + int64_t(at.tile) * tokens;
   q.ntok = min(int64_t(tokens), chunk_first + chunk_len - q.tok0);
   return q;
+}
+__device__ __forceinline__ query_tile decode_query_tile(const mma_query_state_params& P, int tokens) {
+  return decode_query_tile(P, tokens, blockIdx.x);
 }
 
 // o = (num e^g + y e^rm) / (den e^g + l e^rm) (the denominator only when normalizing), with g the
