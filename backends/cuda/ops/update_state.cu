@@ -172,22 +172,41 @@ void launch_wgmma_update_state(const expanse_tensor& k, const expanse_tensor& v,
 std::string blocked_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
                                           const expanse_tensor& S, const expanse_tensor* z, const device_props& props) {
   if (phi_block_count(pb) == 0) return "needs p >= 2 with the tiled:8 layout, or p = 2 with the symmetric layout";
-  return wgmma_update_state_declines(pb, k, v, S, z, props);
+  std::string why = wgmma_update_state_declines(pb, k, v, S, z, props);
+  if (why.empty()) {
+    using namespace blocked_update_state_cfg;
+    with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
+      using T = decltype(type_tag);
+      constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
+      if (blocked_update_state_smem<T, DH, E>(kMinRawStages, kMinRawStages) > props.smem_optin)
+        why = "needs more shared memory per block than the device offers";
+    });
+  }
+  return why;
 }
 
 void launch_blocked_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
                                  const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
                                  const expanse_tensor* z, launch_context& lc) {
-  using blocked_update_state_cfg::kBlocksPerCta;
+  using namespace blocked_update_state_cfg;
   mma_update_state_params P = update_state_params(k, v, g, phi, pb, S, z, 64 * kBlocksPerCta);
   P.row_tiles = static_cast<int>((phi.blocks.count + kBlocksPerCta - 1) / kBlocksPerCta);
-  const int64_t ctas = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
-  if (ctas == 0) return;
+  P.tile_count = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
+  if (P.tile_count == 0) return;
   with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
+    // The deepest rings that fit: extra step buffers first, then raw stages (declines checked the smallest).
+    auto bytes = [&] { return blocked_update_state_smem<T, DH, E>(P.ring, P.raw_stages); };
+    for (int extra = kExtraBuffers; extra >= 0; --extra) {
+      for (P.raw_stages = kMaxRawStages; P.raw_stages > kMinRawStages; --P.raw_stages)
+        if (blocked_update_state_smem<T, DH, E>(P.raw_stages + extra, P.raw_stages) <= lc.props.smem_optin) break;
+      P.ring = P.raw_stages + extra;
+      if (bytes() <= lc.props.smem_optin) break;
+    }
     auto launch = [&](auto kernel) {
-      launch_with_smem(kernel, ctas, wgmma_update_state_cfg::kThreads, blocked_update_state_smem<T, DH, E>(),
+      // One persistent CTA per SM (at most one per tile).
+      launch_with_smem(kernel, std::min<int64_t>(P.tile_count, std::max(lc.props.sm_count, 1)), kThreads, bytes(),
                        lc.stream, P);
     };
     if (pb.p == 2) launch(blocked_update_state_kernel<T, DH, E, 2>);

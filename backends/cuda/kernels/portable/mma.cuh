@@ -42,6 +42,14 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 }
 
 // Four 8x8 b16 matrices; lane L gives the row address of matrix L/8, row L%8.
+// One 16-byte shared-memory read (16-byte aligned `p`), kept whole: where each word of a plain
+// uint4 read feeds a different instruction, the compiler may split it into four 4-byte reads, four
+// times the shared-memory wavefronts. (volatile: it stays after the barrier waits before it.)
+__device__ __forceinline__ uint4 load_shared_16(const void* p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_address(p)));
+  return v;
+}
 __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -32,6 +32,10 @@ struct mma_update_state_params {
   int64_t t, c, n, h, D;
   int d, p;
   int row_tiles;  // CTAs per chunk and head along the rows of phi
+  // The persistent blocked kernel (sm90/blocked_update_state.cuh): its tiles (row tiles x heads x
+  // chunks x batch) and the sizes of its rings of step buffers and raw stages.
+  int64_t tile_count;
+  int ring, raw_stages;
 };
 
 namespace mma_update_state_cfg {
@@ -170,7 +174,6 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
         const T* e = reinterpret_cast<const T*>(&vreg[i]);
         uint4 out;
         T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
         const float w = gate(s0 + s, gcreg[i]);
 #pragma unroll
         for (int j = 0; j < 8; ++j) o[j] = from_f32<T>(to_f32(e[j]) * w);

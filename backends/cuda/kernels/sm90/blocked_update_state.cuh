@@ -1,273 +1,395 @@
-// update_state as expand-MMA on Hopper (wgmma, sm_90a) for expansions in phi blocks (kernels/common.cuh):
-// the GEMM of wgmma_update_state.cuh (M = rows of phi, N = e + 8 with the z column, K = tokens,
-// B = the gated values in shared memory), with the A operand formed from far fewer shared-memory
-// reads. Each m64 tile of a warpgroup is one phi block, whose row 8 G + l is
+// update_state as expand-MMA on Hopper (wgmma, sm_90a) for expansions in phi blocks (kernels/common.cuh),
+// warp-specialized and persistent:
+//   S_m[r, :] = sum_j A[r, j] v_j,  z_m[r] = sum_j A[r, j],  A[r, j] = phi_r(k_j) w_j,  w_j = exp(A_m - Gc_j),
+// a GEMM with M = rows of phi, N = e + 8 (the e columns of v and an 8-wide tile whose first column is
+// ones, giving z), K = the chunk's tokens. Each m64 tile of a warpgroup is one phi block, whose row
+// 8 G + l is
 //   x[fixed0] x[fixed1] x[mid + G] x[last + l];
 // a lane's two fragment rows (g and g + 8) are rows (G = 2 wq, l = g) and (G = 2 wq + 1, l = g), so
 // both multiply the same key feature last + g, and the mid feature is the same for the 8 lanes g of
 // a row half (a broadcast read). The key tile stores each feature's 64 tokens in the order the lanes
-// use them (tq's 16 tokens contiguous): one 16-byte read gives 4 token pairs. Per A register that is
-// 0.75 shared-memory wavefronts at p = 2, against 2 when every fragment row gathers its own factors.
+// use them (tq's 16 tokens contiguous): one 16-byte read gives 4 token pairs. The gates are a row of
+// the key tile and multiply the last factor, so A is formed gated in registers.
 //
-// CTA: 2 warpgroups x 2 m64 tiles = 4 phi blocks (256 rows) x all e columns, one chunk of one head;
-// K steps of 64 tokens, double-buffered in shared memory as in wgmma_update_state.cuh. The raw key
-// and value rows of each step arrive by cp.async three steps ahead, in a ring of four stages
-// (coalesced 16-byte copies, no staging registers); one pass per step turns a raw stage into the
-// key tile and the gated B tile. Loads in registers spread over 32 rows per warp instruction had
-// kept the L1 busiest of all units.
+// B is the value rows exactly as copied: N-major with the hardware's swizzle (wgmma.cuh,
+// nmajor_swizzled_desc), next to a constant tile of ones for z. Nothing converts the values.
+//
+// A tile is 4 phi blocks (256 rows) x all e columns over one chunk of one head, in K steps of 64
+// tokens. One CTA per SM takes the tiles in turn (tile = blockIdx.x + k gridDim.x); its roles loop
+// over the same tiles and steps:
+// - the producer warpgroup copies each step's value rows into a step buffer, and its key rows and
+//   token gates into a raw stage, by cp.async (raw_stages - 1 steps ahead, across tiles); then per
+//   step it transposes the key rows into the buffer's key tile (ldmatrix.trans, 16-byte stores) and
+//   writes the gates, and arrives on the buffer's "full" barrier (bulk_copy.cuh);
+// - two consumer warpgroups (2 m64 tiles each) form A from the key tile, multiply, release the
+//   buffer on its "empty" barrier, and write the tile's rows of S and z.
+// History (docs/performance.md): one CTA per tile with every warp staging and then multiplying, a
+// CTA barrier per step, ran at 220 TFLOP/s at P1; the same work split into producer and consumers
+// ran at the same speed, the producer (key transposition, value gating and conversion: 190
+// instructions per thread and step) being the bottleneck.
 #pragma once
 
+#include "kernels/sm90/bulk_copy.cuh"
 #include "kernels/sm90/wgmma_update_state.cuh"
 
 namespace expanse_cuda {
 
 namespace blocked_update_state_cfg {
-constexpr int kBlocksPerCta = 4;
+constexpr int kBlocksPerCta = 4;       // phi blocks per tile: 2 consumer warpgroups x 2 m64 tiles
+constexpr int kConsumerThreads = 256;  // warps 0-7
+constexpr int kConsumerWarps = kConsumerThreads / 32;
+constexpr int kProducerThreads = 128;  // warps 8-11
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
+constexpr int kProducerBarrier = 1;  // the producer warps' named barrier
+constexpr int kTok = wgmma_update_state_cfg::kTok, kTokPad = wgmma_update_state_cfg::kTokPad;
+// A fragments in flight per consumer warpgroup: the 4 K slices of a step, so the warps form the
+// next step's slices while the tensor cores still run three of this one.
+constexpr int kASlots = 4;
+// Registers per thread (setmaxnreg; 168 at launch for 384 threads): the consumers' accumulators
+// are 2 x (e + 8) / 2 per thread, so e = 128 takes more from the producers.
+template <int E> constexpr int consumer_registers() { return E == 128 ? 232 : 200; }
+template <int E> constexpr int producer_registers() { return E == 128 ? 40 : 96; }
+static_assert(128 * producer_registers<128>() + kConsumerThreads * consumer_registers<128>() <= 384 * 168, "registers");
+static_assert(128 * producer_registers<64>() + kConsumerThreads * consumer_registers<64>() <= 384 * 168, "registers");
+
 // The word (pair of tokens) that holds tokens 2 sp, 2 sp + 1 of a step in a feature row of the key
 // tile: lane tq's tokens 16 ks + 8 h + 2 tq (+1) lie at words 8 tq + 2 ks + h.
 __device__ __forceinline__ int token_pair_word(int sp) { return (sp % 4) * 8 + (sp / 8) * 2 + (sp % 8) / 4; }
+
+// The value rows of a step (B): rows of min(2e, 128) bytes with the hardware's swizzle, in blocks
+// of 64 rows, one per 64 (or 32) columns, then one block whose first column is ones (z).
+template <class T, int E> constexpr int value_row_bytes() { return E * int(sizeof(T)) < 128 ? E * int(sizeof(T)) : 128; }
+template <class T, int E> constexpr int value_block_bytes() { return kTok * value_row_bytes<T, E>(); }
+template <class T, int E> constexpr int value_blocks() { return E * int(sizeof(T)) / value_row_bytes<T, E>(); }
+// A step buffer: the value blocks and the ones block, then the key tile [DH + 2][kTokPad] (row DH
+// is ones: the fixed factors past p point there; row DH + 1 holds the gates), rounded up to 1024
+// bytes (the swizzle's alignment).
+template <int DH> constexpr int key_tile_elems() { return (DH + 2) * kTokPad; }
+template <class T, int DH, int E>
+constexpr int step_buffer_bytes() {
+  return ((value_blocks<T, E>() + 1) * value_block_bytes<T, E>() + key_tile_elems<DH>() * int(sizeof(T)) + 1023) / 1024 *
+         1024;
+}
+// A raw stage: the step's key rows [64][DH] (16-byte chunk c of row s at key_raw_offset), then the
+// tokens' Gc (f32).
+template <class T, int DH>
+constexpr int raw_stage_bytes() { return kTok * (DH * int(sizeof(T)) + 4); }
+// Rings: the copies run raw_stages - 1 steps ahead, into a raw stage and a step buffer each; there
+// are more step buffers than raw stages, so that the producer converts the next step while the
+// consumers multiply this one (with as many, it would wait for the buffer of the step before this one,
+// which the consumers release only after issuing this step's products: they waited for it in turn,
+// 0.93 ms at P1). The launcher takes the deepest rings that fit.
+constexpr int kMinRawStages = 3, kMaxRawStages = 4, kExtraBuffers = 2;
 }  // namespace blocked_update_state_cfg
 
-namespace blocked_update_state_cfg {
-constexpr int kRawStages = 4;  // ring of raw stages: copies run kRawStages - 1 steps ahead
-// A raw stage: keys [64][DH] and values [64][E] as in memory, 16-byte chunks of row s at chunk
-// c ^ ((s / 2) % chunks) (conflict-free reads of token pairs), then the tokens' Gc (f32).
+// Shared memory: 1024 bytes of alignment slack, the step buffers, the raw stages, 2 barriers per buffer.
 template <class T, int DH, int E>
-constexpr size_t raw_stage_bytes() { return size_t(wgmma_update_state_cfg::kTok) * ((DH + E) * sizeof(T) + 4); }
-}  // namespace blocked_update_state_cfg
-
-template <class T, int DH, int E>
-constexpr size_t blocked_update_state_smem() {
-  using namespace wgmma_update_state_cfg;
-  return 2 * (size_t(DH + 1) * kTokPad + size_t(b_tile_elems<E + 8>())) * sizeof(T) +
-         blocked_update_state_cfg::kRawStages * blocked_update_state_cfg::raw_stage_bytes<T, DH, E>();
+constexpr size_t blocked_update_state_smem(int buffers, int raw_stages) {
+  using namespace blocked_update_state_cfg;
+  return 1024 + size_t(buffers) * (step_buffer_bytes<T, DH, E>() + 2 * sizeof(uint64_t)) +
+         size_t(raw_stages) * raw_stage_bytes<T, DH>();
 }
 
-// PM: 2 for p = 2 (fixed factors ignored), 4 for p = 3, 4 (fixed factors past p read a row of ones).
-template <class T, int DH, int E, int PM>
-__global__ void __launch_bounds__(256, 1) blocked_update_state_kernel(mma_update_state_params P) {
-  using namespace wgmma_update_state_cfg;
-  using blocked_update_state_cfg::token_pair_word;
-  constexpr int N = E + 8;    // e columns + the z tile
-  constexpr int kNT = E / 8;  // 8-column blocks of v; block kNT is the z tile
-  constexpr int kChunk = chunk_elems<N>();
+// Byte offset of 16-byte chunk c of token row s in a raw key stage (rows of 2 DH bytes): the chunk
+// XOR the row (the row pair at DH = 32), so that the 8 rows of an ldmatrix fall in different banks.
+template <class T, int DH>
+__device__ __forceinline__ int key_raw_offset(int s, int c) {
+  const int x = DH * sizeof(T) < 128 ? (s >> 1) & 3 : s & 7;
+  return s * DH * int(sizeof(T)) + (c ^ x) * 16;
+}
+
+// Where a tile lies: its block group, head, chunk, tokens and the chunk's total log gate.
+struct update_tile {
+  int row_tile;
+  int64_t batch, head, chunk, bh, first, len;
+  int steps;
+};
+__device__ __forceinline__ update_tile decode_update_tile(const mma_update_state_params& P, int64_t tile) {
+  const cta_coords at = decode_cta(P.row_tiles, P.h, P.n, tile);
+  update_tile u;
+  u.row_tile = at.tile;
+  u.batch = at.batch, u.head = at.head, u.chunk = at.chunk;
+  u.bh = at.batch * P.h + at.head;
+  u.first = at.chunk * P.c;
+  u.len = min(P.c, P.t - u.first);
+  u.steps = static_cast<int>((u.len + blocked_update_state_cfg::kTok - 1) / blocked_update_state_cfg::kTok);
+  return u;
+}
+
+// A walk over the (tile, step) pairs this CTA takes, in order.
+struct tile_step_walk {
+  int64_t tile;
+  int step = 0;
+  update_tile at;
+  __device__ __forceinline__ tile_step_walk(const mma_update_state_params& P) : tile(blockIdx.x) {
+    if (tile < P.tile_count) at = decode_update_tile(P, tile);
+  }
+  __device__ __forceinline__ bool done(const mma_update_state_params& P) const { return tile >= P.tile_count; }
+  __device__ __forceinline__ void advance(const mma_update_state_params& P) {
+    if (++step < at.steps) return;
+    step = 0;
+    tile += gridDim.x;
+    if (tile < P.tile_count) at = decode_update_tile(P, tile);
+  }
+};
+
+// The producer warpgroup (thread pt of 128).
+template <class T, int DH, int E>
+__device__ __forceinline__ void produce_update_steps(const mma_update_state_params& P, unsigned char* bufs,
+                                                     unsigned char* raws, uint64_t* full, uint64_t* empty, int pt) {
+  using namespace blocked_update_state_cfg;
   constexpr int d = DH;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  // Two buffers each: keys [d+1][kTokPad] (feature rows in lane order; row d is ones), B tiles.
-  T* const kT0 = reinterpret_cast<T*>(smem_raw);
-  constexpr int kT_size = (d + 1) * kTokPad;
-  constexpr int b_size = b_tile_elems<N>();
-  T* const vb0 = kT0 + 2 * kT_size;
-  static_assert((2 * kT_size * sizeof(T)) % 16 == 0, "the B tile must start 16-byte aligned");
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-  const int wg = warp >> 2, wq = warp & 3;
-  const cta_coords at = decode_cta(P.row_tiles, P.h, P.n);
-  const int row_tile = at.tile;
-  const int64_t head = at.head, m = at.chunk, batch = at.batch;
-  const int64_t first = m * P.c, len = min(P.c, P.t - first), bh = batch * P.h + head;
-  const float A = P.g.chunk_total(bh, P.n, m);
-
-  // This lane's key rows per m64 tile (element offsets of its 16 tokens in a feature row).
-  int last_off[2], mid_off[2][2], fixed_off[2][2];
-  int64_t block[2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-    block[mt] = int64_t(row_tile) * blocked_update_state_cfg::kBlocksPerCta + wg * 2 + mt;
-    phi_block b{{uint16_t(d), uint16_t(d)}, 0, 0};  // past the last block: any rows, never stored
-    if (block[mt] < P.blocks.count) b = P.blocks.block[block[mt]];
-    last_off[mt] = (b.last + g) * kTokPad + tq * 16;
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      mid_off[mt][hf] = (b.mid + 2 * wq + hf) * kTokPad + tq * 16;
-      fixed_off[mt][hf] = b.fixed[hf] * kTokPad + tq * 16;
-    }
-  }
-
-  // Once: the ones row and the z tiles of both buffers (only their row 0 changes).
-  for (int i = tid; i < kTokPad; i += kThreads)
-#pragma unroll
-    for (int buf = 0; buf < 2; ++buf) kT0[buf * kT_size + d * kTokPad + i] = from_f32<T>(1.f);
-  for (int i = tid; i < 2 * (kTok / 8) * 64; i += kThreads) {
-    const int buf = i / ((kTok / 8) * 64), rest = i % ((kTok / 8) * 64), chunk = rest / 64;
-    vb0[buf * b_size + chunk * kChunk + kNT * 64 + rest % 64] = from_f32<T>(0.f);
-  }
-
-  // Raw stages after the key and B buffers.
-  using blocked_update_state_cfg::kRawStages;
-  constexpr int kRawBytes = int(blocked_update_state_cfg::raw_stage_bytes<T, d, E>());
-  unsigned char* const raw0 = reinterpret_cast<unsigned char*>(vb0 + 2 * b_size);
   constexpr int kKeyChunks = d / 8, kValChunks = E / 8;  // 16-byte chunks per row
-  auto swz = [](int s, int c, int chunks) { return c ^ ((s >> 1) & (chunks - 1)); };
-  const T* kbase = static_cast<const T*>(P.k) + batch * P.k_sb + head * P.k_sh;
-  const T* vbase = static_cast<const T*>(P.v) + batch * P.v_sb + head * P.v_sh;
-  // Every loop over a thread's items below has a trip count known at compile time, and the
-  // per-thread parts of its addresses are computed once here: the step loop then does no index
-  // arithmetic beyond one add per copy (generic tid-strided loops had compiled to nested loops with
-  // remainders, a third of the step's instructions).
-  constexpr int kKeyCopies = kTok * kKeyChunks / kThreads, kValCopies = kTok * kValChunks / kThreads;
-  static_assert(kKeyCopies * kThreads == kTok * kKeyChunks && kValCopies * kThreads == kTok * kValChunks,
+  constexpr int kRawBytes = raw_stage_bytes<T, d>();
+  constexpr int kBufBytes = step_buffer_bytes<T, d, E>();
+  constexpr int kVRow = value_row_bytes<T, E>(), kVBlock = value_block_bytes<T, E>(), kVChunks = kVRow / 16;
+  constexpr int kKeyTile = (value_blocks<T, E>() + 1) * kVBlock;  // byte offset of the key tile in a buffer
+  constexpr int kGcOffset = kTok * d * int(sizeof(T));
+  const uint32_t buffers = P.ring, raw_stages = P.raw_stages;
+
+  // Copies: thread pt takes 16-byte chunk pt % chunks of token rows pt / chunks + j (128 / chunks).
+  constexpr int kKeyCopies = kTok * kKeyChunks / kProducerThreads, kValCopies = kTok * kValChunks / kProducerThreads;
+  static_assert(kKeyCopies * kProducerThreads == kTok * kKeyChunks && kValCopies * kProducerThreads == kTok * kValChunks,
                 "whole copies per thread");
-  struct copy_slot {
-    const T* src;   // the element of the chunk's first step
-    int dst;        // byte offset inside a raw stage
-    int token;      // token of the step
-  };
-  copy_slot kcopy[kKeyCopies], vcopy[kValCopies];
+  constexpr int kKeyRowStep = kProducerThreads / kKeyChunks, kValRowStep = kProducerThreads / kValChunks;
+  const int kc = pt % kKeyChunks, ks0 = pt / kKeyChunks, vc = pt % kValChunks, vs0 = pt / kValChunks;
+  // Per copy, what does not change from step to step: the source offset from the step's first
+  // token row and the destination offset (the step loop then adds one 64-bit offset per copy).
+  int64_t ksrc_off[kKeyCopies], vsrc_off[kValCopies];
+  int kdst[kKeyCopies], vdst[kValCopies];
 #pragma unroll
   for (int j = 0; j < kKeyCopies; ++j) {
-    const int i = tid + j * kThreads, s = i / kKeyChunks, c = i % kKeyChunks;
-    kcopy[j] = {kbase + (first + s) * P.k_st + c * 8, int(sizeof(T)) * (s * d + swz(s, c, kKeyChunks) * 8), s};
+    const int s = ks0 + j * kKeyRowStep;
+    ksrc_off[j] = s * P.k_st + kc * 8;
+    kdst[j] = key_raw_offset<T, d>(s, kc);
   }
 #pragma unroll
   for (int j = 0; j < kValCopies; ++j) {
-    const int i = tid + j * kThreads, s = i / kValChunks, c = i % kValChunks;
-    vcopy[j] = {vbase + (first + s) * P.v_st + c * 8, int(sizeof(T)) * (kTok * d + s * E + swz(s, c, kValChunks) * 8), s};
+    const int s = vs0 + j * kValRowStep;
+    vsrc_off[j] = s * P.v_st + vc * 8;
+    vdst[j] = (vc / kVChunks) * kVBlock + int(swizzled_row_offset(s, vc % kVChunks, kVRow));
   }
-  const int64_t k_step = int64_t(kTok) * P.k_st, v_step = int64_t(kTok) * P.v_st;
-  const float* gc_src = P.g.Gc ? P.g.Gc + bh * P.t + first + tid : nullptr;
-  constexpr int kGcOffset = kTok * (d + E) * int(sizeof(T));
-  // Issues the copies of step `step` into its raw stage (zeros past the chunk) and commits them as
-  // one group (an empty group past the last step, so that every step commits one).
-  const int64_t steps = (len + kTok - 1) / kTok;
-  auto issue_step = [&](int64_t step) {
-    if (step < steps) {
-      unsigned char* raw = raw0 + (step % kRawStages) * kRawBytes;
-      const int64_t s0 = step * kTok;
+  // The walk's step: keys and gates into raw stage `raw`, values into step buffer `buf` (zeros past
+  // the chunk), committed as one group (an empty group past the last tile, so that every step
+  // commits one).
+  auto issue_step = [&](const tile_step_walk& w, unsigned char* raw, unsigned char* buf) {
+    if (!w.done(P)) {
+      const int64_t s0 = int64_t(w.step) * kTok, tok0 = w.at.first + s0, left = w.at.len - s0;
+      const T* const kstep = static_cast<const T*>(P.k) + w.at.batch * P.k_sb + w.at.head * P.k_sh + tok0 * P.k_st;
+      const T* const vstep = static_cast<const T*>(P.v) + w.at.batch * P.v_sb + w.at.head * P.v_sh + tok0 * P.v_st;
 #pragma unroll
       for (int j = 0; j < kKeyCopies; ++j) {
-        const bool in = s0 + kcopy[j].token < len;
-        copy_async<16>(raw + kcopy[j].dst, in ? kcopy[j].src + step * k_step : kbase, in);
+        const bool in = ks0 + j * kKeyRowStep < left;
+        copy_async<16>(raw + kdst[j], in ? kstep + ksrc_off[j] : kstep, in);
       }
 #pragma unroll
       for (int j = 0; j < kValCopies; ++j) {
-        const bool in = s0 + vcopy[j].token < len;
-        copy_async<16>(raw + vcopy[j].dst, in ? vcopy[j].src + step * v_step : vbase, in);
+        const bool in = vs0 + j * kValRowStep < left;
+        copy_async<16>(buf + vdst[j], in ? vstep + vsrc_off[j] : vstep, in);
       }
-      if (tid < kTok) {
-        const bool in = gc_src != nullptr && s0 + tid < len;
-        copy_async<4>(raw + kGcOffset + 4 * tid, in ? gc_src + s0 : nullptr, in);
+      if (pt < kTok) {
+        const bool in = P.g.Gc != nullptr && pt < left;
+        copy_async<4>(raw + kGcOffset + 4 * pt, in ? P.g.Gc + w.at.bh * P.t + tok0 + pt : nullptr, in);
       }
     }
     copy_async_commit();
   };
-  auto gate = [&](int64_t s, float gc) { return s < len ? (P.g.Gc ? __expf(A - gc) : 1.f) : 0.f; };
-  // Raw stage of step `step` -> key tile (feature rows, token pairs in lane order) and B tile (gated
-  // values and the z tile) of buffer buf, by pairs of tokens: key items one 8-feature chunk, value
-  // items one 8-column chunk.
-  constexpr int kPairs = kTok / 2;
-  constexpr int kKeyItems = kPairs * d / 8, kValItems = kPairs * E / 8;
-  constexpr int kMaxKey = (kKeyItems + kThreads - 1) / kThreads, kMaxVal = (kValItems + kThreads - 1) / kThreads;
-  auto store_step = [&](int64_t step, int buf) {
-    const unsigned char* raw = raw0 + (step % kRawStages) * kRawBytes;
-    const T* rk = reinterpret_cast<const T*>(raw);
-    const T* rv = rk + kTok * d;
-    const float* rg = reinterpret_cast<const float*>(rv + kTok * E);
-    T* const kb = kT0 + buf * kT_size;
-    uint32_t* const vw = reinterpret_cast<uint32_t*>(vb0 + buf * b_size);
+
+  // The key tile of a step: 8 tokens x 8 features per ldmatrix matrix, transposed, four matrices
+  // (token blocks 4 h .. 4 h + 3) give lane (g, tq) the words 8 tq + 4 h .. + 3 of feature row
+  // 8 c8 + g: one 16-byte store. Items (c8, h), d / 4 of them, over the 4 producer warps.
+  constexpr int kKeyItems = d / 8 * 2, kWarpItems = (kKeyItems + 3) / 4;
+  const int warp = pt / 32, lane = pt % 32;
+  auto convert_step = [&](const tile_step_walk& w, const unsigned char* raw, unsigned char* buf) {
+    T* const kb = reinterpret_cast<T*>(buf + kKeyTile);
 #pragma unroll
-    for (int i = 0; i < kMaxKey; ++i) {
-      const int item = tid + i * kThreads, sp = item % kPairs, c8 = item / kPairs;
-      if (kKeyItems % kThreads != 0 && item >= kKeyItems) break;
-      const uint4 k0 = *reinterpret_cast<const uint4*>(rk + (2 * sp) * d + swz(2 * sp, c8, kKeyChunks) * 8);
-      const uint4 k1 = *reinterpret_cast<const uint4*>(rk + (2 * sp + 1) * d + swz(2 * sp + 1, c8, kKeyChunks) * 8);
-      const T* e0 = reinterpret_cast<const T*>(&k0);
-      const T* e1 = reinterpret_cast<const T*>(&k1);
-      uint32_t* out = reinterpret_cast<uint32_t*>(kb + c8 * 8 * kTokPad) + token_pair_word(sp);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) out[j * (kTokPad / 2)] = pack2(e0[j], e1[j]);
+    for (int i = 0; i < kWarpItems; ++i) {
+      const int item = warp + 4 * i;
+      if (kKeyItems % 4 != 0 && item >= kKeyItems) break;
+      const int c8 = item / 2, h = item % 2;
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, raw + key_raw_offset<T, d>(32 * h + lane, c8));  // lane: row lane % 8 of matrix lane / 8
+      *reinterpret_cast<uint4*>(kb + (8 * c8 + lane / 4) * kTokPad + 16 * (lane % 4) + 8 * h) = make_uint4(r[0], r[1], r[2], r[3]);
     }
-    // Token pair sp lies in chunk sp / 4 at word sp % 4 of each core-matrix row of the B tile.
-    const int64_t s0 = step * kTok;
-#pragma unroll
-    for (int i = 0; i < kMaxVal; ++i) {
-      const int item = tid + i * kThreads, sp = item % kPairs, c8 = item / kPairs;
-      if (kValItems % kThreads != 0 && item >= kValItems) break;
-      const uint4 v0 = *reinterpret_cast<const uint4*>(rv + (2 * sp) * E + swz(2 * sp, c8, kValChunks) * 8);
-      const uint4 v1 = *reinterpret_cast<const uint4*>(rv + (2 * sp + 1) * E + swz(2 * sp + 1, c8, kValChunks) * 8);
-      const T* e0 = reinterpret_cast<const T*>(&v0);
-      const T* e1 = reinterpret_cast<const T*>(&v1);
-      const float w0 = gate(s0 + 2 * sp, rg[2 * sp]), w1 = gate(s0 + 2 * sp + 1, rg[2 * sp + 1]);
-      uint32_t* out = vw + (sp / 4) * (kChunk / 2) + c8 * 32 + sp % 4;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) out[j * 4] = pack2_f32<T>(to_f32(e0[j]) * w0, to_f32(e1[j]) * w1);
-      // Items c8 = 0 also fill the z tile with their gates.
-      if (c8 == 0) vw[(sp / 4) * (kChunk / 2) + kNT * 32 + sp % 4] = pack2_f32<T>(w0, w1);
+    // Gates exp(A - Gc_s), 0 past the chunk, as token pairs in row d + 1.
+    if (pt < kTok / 2) {
+      const float* rg = reinterpret_cast<const float*>(raw + kGcOffset);
+      const float A = P.g.chunk_total(w.at.bh, P.n, w.at.chunk);
+      const int64_t left = w.at.len - int64_t(w.step) * kTok;
+      auto gate = [&](int s) { return s < left ? (P.g.Gc ? __expf(A - rg[s]) : 1.f) : 0.f; };
+      reinterpret_cast<uint32_t*>(kb + (d + 1) * kTokPad)[token_pair_word(pt)] = pack2_f32<T>(gate(2 * pt), gate(2 * pt + 1));
     }
   };
 
-  float acc[2][N / 2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) acc[mt][i] = 0.f;
+  tile_step_walk ahead(P), at(P);
+  ring_position copy_raw, copy_buf, convert_raw, convert_buf;
+  bool first_round = true;  // the step buffers are free until the copies wrap their ring
+  auto issue_next = [&] {
+    issue_step(ahead, raws + copy_raw.buf * kRawBytes, bufs + copy_buf.buf * kBufBytes);
+    ahead.advance(P);
+    copy_raw.advance(raw_stages);
+    if (copy_buf.advance(buffers)) first_round = false;
+  };
+  for (uint32_t i = 0; i + 1 < raw_stages; ++i) issue_next();
+  for (; !at.done(P); at.advance(P)) {
+    if (raw_stages == 4) copy_async_wait<2>();  // this step's copies (the later ones may still run)
+    else copy_async_wait<1>();
+    // Every producer's copies of this step have landed, and every producer has converted the
+    // previous step, whose raw stage the next copies reuse.
+    named_barrier_sync(kProducerBarrier, kProducerThreads);
+    convert_step(at, raws + convert_raw.buf * kRawBytes, bufs + convert_buf.buf * kBufBytes);
+    fence_async_shared();  // the values, for the tensor cores
+    mbarrier_arrive(&full[convert_buf.buf]);
+    convert_raw.advance(raw_stages);
+    convert_buf.advance(buffers);
+    // The step raw_stages - 1 ahead, once the consumers have released its buffer.
+    if (!first_round && !ahead.done(P)) mbarrier_wait(&empty[copy_buf.buf], copy_buf.phase ^ 1);
+    issue_next();
+  }
+  copy_async_wait<0>();
+}
 
-  for (int i = 0; i < kRawStages - 1; ++i) issue_step(i);
-  copy_async_wait<kRawStages - 2>();  // step 0's copies
-  __syncthreads();
-  store_step(0, 0);
-  copy_async_wait<kRawStages - 3>();  // step 1's copies (read after the loop's first barrier)
-  fence_async_shared();
-  __syncthreads();
-  for (int64_t step = 0; step < steps; ++step) {
-    const int buf = static_cast<int>(step & 1);
-    issue_step(step + kRawStages - 1);
-    const T* kb = kT0 + buf * kT_size;
-    const T* vb = vb0 + buf * b_size;
-    uint32_t a[kTok / 16][2][4];  // untouched until the step's products complete
-    // Half j of the step (k16 steps 2j, 2j + 1): this lane's 16-byte slice of each factor row;
-    // word 2 (ks % 2) + h of a slice is the token pair of A register (ks, h) (wgmma.cuh: register 2h + hf).
+// PM: 2 for p = 2 (fixed factors ignored), 4 for p = 3, 4 (fixed factors past p read the row of ones).
+template <class T, int DH, int E, int PM>
+__global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
+    blocked_update_state_kernel(mma_update_state_params P) {
+  using namespace blocked_update_state_cfg;
+  constexpr int N = E + 8;    // e columns + the z tile
+  constexpr int kNT = E / 8;  // 8-column blocks of v; block kNT is the z tile
+  constexpr int d = DH;
+  constexpr int kBufBytes = step_buffer_bytes<T, d, E>();
+  constexpr int kVRow = value_row_bytes<T, E>(), kVBlock = value_block_bytes<T, E>(), kVBlocks = value_blocks<T, E>();
+  constexpr int kKeyTile = (kVBlocks + 1) * kVBlock;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t buffers = P.ring;
+  // The swizzled value blocks need 1024-byte alignment.
+  // (Said to the compiler too: without it, it splits the 16-byte shared accesses into 4-byte ones.)
+  unsigned char* const bufs = static_cast<unsigned char*>(
+      __builtin_assume_aligned(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024), 1024));
+  unsigned char* const raws = bufs + buffers * kBufBytes;
+  uint64_t* const full = reinterpret_cast<uint64_t*>(raws + P.raw_stages * raw_stage_bytes<T, d>());
+  uint64_t* const empty = full + buffers;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  // Once: the ones block (z) and the key tile's row of ones, in every buffer.
+  for (uint32_t b = 0; b < buffers; ++b) {
+    unsigned char* const buf = bufs + b * kBufBytes;
+    for (int i = tid; i < kVBlock / 16; i += kThreads) {  // row s: column 0 (chunk 0) is one
+      const int s = i / (kVRow / 16), c = i % (kVRow / 16);
+      const uint32_t one = c == 0 ? pack2_f32<T>(1.f, 0.f) : 0u;
+      *reinterpret_cast<uint4*>(buf + kVBlocks * kVBlock + swizzled_row_offset(s, c, kVRow)) = make_uint4(one, 0, 0, 0);
+    }
+    T* const kb = reinterpret_cast<T*>(buf + kKeyTile);
+    for (int i = tid; i < kTokPad; i += kThreads) kb[d * kTokPad + i] = from_f32<T>(1.f);
+  }
+  if (tid == 0) {
+    for (uint32_t b = 0; b < buffers; ++b) {
+      mbarrier_init(&full[b], kProducerThreads);
+      mbarrier_init(&empty[b], kConsumerWarps);
+    }
+    mbarrier_init_fence();
+  }
+  fence_async_shared();  // the ones blocks, for the tensor cores
+  __syncthreads();       // the roles meet only at the barriers from here on
+  if (warp >= kConsumerWarps) {
+    warpgroup_registers_lower<producer_registers<E>()>();
+    produce_update_steps<T, d, E>(P, bufs, raws, full, empty, tid - kConsumerThreads);
+    return;
+  }
+  warpgroup_registers_raise<consumer_registers<E>()>();
+
+  // Consumers: warpgroup wg holds m64 tiles (phi blocks) 2 wg and 2 wg + 1 of each tile. B of K
+  // slice ks of buffer b: the descriptor of buffer 0 plus b kBufDesc plus ks kSliceDesc.
+  const int wg = warp >> 2, wq = warp & 3;
+  const uint64_t desc0 = nmajor_swizzled_desc(bufs, kVRow, kVBlock, 8 * kVRow);
+  constexpr uint32_t kBufDesc = kBufBytes / 16, kSliceDesc = 16 * kVRow / 16;
+  const int gate_off = (d + 1) * kTokPad + tq * 16;  // this lane's 16 tokens of the gate row
+  ring_position buffer;  // of this step's buffer, over the steps of all tiles so far
+  uint32_t prev_buf = 0;
+  for (int64_t tile = blockIdx.x; tile < P.tile_count; tile += gridDim.x) {
+    const update_tile at = decode_update_tile(P, tile);
+    // This lane's key rows per m64 tile (element offsets of its 16 tokens in a feature row).
+    int last_off[2], mid_off[2][2], fixed_off[2][2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      uint4 last[2], mid[2][2];
+    for (int mt = 0; mt < 2; ++mt) {
+      const int64_t block = int64_t(at.row_tile) * kBlocksPerCta + wg * 2 + mt;
+      phi_block b{{uint16_t(d), uint16_t(d)}, 0, 0};  // past the last block: any rows, never stored
+      if (block < P.blocks.count) b = P.blocks.block[block];
+      last_off[mt] = (b.last + g) * kTokPad + tq * 16;
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        last[mt] = *reinterpret_cast<const uint4*>(kb + last_off[mt] + 8 * j);
+      for (int hf = 0; hf < 2; ++hf) {
+        mid_off[mt][hf] = (b.mid + 2 * wq + hf) * kTokPad + tq * 16;
+        fixed_off[mt][hf] = b.fixed[hf] * kTokPad + tq * 16;
+      }
+    }
+    float acc[2][N / 2];
+    wgmma_zero(acc);
+    // The A fragments of K slice ks (slot ks) are read by that slice's products (one wgmma group)
+    // until they complete; the slot is rewritten after waiting for that group only.
+    uint32_t a[kASlots][2][4];
+    for (int step = 0; step < at.steps; ++step) {
+      const uint32_t buf = buffer.buf;
+      mbarrier_wait(&full[buf], buffer.phase);
+      const T* const kb = reinterpret_cast<const T*>(bufs + buf * kBufBytes + kKeyTile);
+      const uint64_t step_desc = desc0 + buf * kBufDesc;
+      // Half j of the step (slices 2j, 2j + 1): this lane's 16-byte slice of each factor row, the
+      // last factor times the gates; word 2 (ks % 2) + h of a slice is the token pair of A register
+      // (ks, h) (wgmma.cuh: register 2h + hf).
+      uint4 last[2][2], mid[2][2][2];
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) mid[mt][hf] = *reinterpret_cast<const uint4*>(kb + mid_off[mt][hf] + 8 * j);
-        if constexpr (PM == 4) {
-          const uint4 f0 = *reinterpret_cast<const uint4*>(kb + fixed_off[mt][0] + 8 * j);
-          const uint4 f1 = *reinterpret_cast<const uint4*>(kb + fixed_off[mt][1] + 8 * j);
-          last[mt] = mul2x4<T>(last[mt], mul2x4<T>(f0, f1));
+      for (int j = 0; j < 2; ++j) {
+        const uint4 gates = *reinterpret_cast<const uint4*>(kb + gate_off + 8 * j);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          last[j][mt] = mul2x4<T>(load_shared_16(kb + last_off[mt] + 8 * j), gates);
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) mid[j][mt][hf] = *reinterpret_cast<const uint4*>(kb + mid_off[mt][hf] + 8 * j);
+          if constexpr (PM == 4) {
+            const uint4 f0 = *reinterpret_cast<const uint4*>(kb + fixed_off[mt][0] + 8 * j);
+            const uint4 f1 = *reinterpret_cast<const uint4*>(kb + fixed_off[mt][1] + 8 * j);
+            last[j][mt] = mul2x4<T>(last[j][mt], mul2x4<T>(f0, f1));
+          }
         }
       }
 #pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        const int ks = 2 * j + kk;
+      for (int ks = 0; ks < kTok / 16; ++ks) {
+        wgmma_wait<kASlots - 1>();  // the group that last read this slot is complete
+        const int j = ks / 2, kk = ks % 2;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             const int hf = q & 1, w = 2 * kk + (q >> 1);
-            a[ks][mt][q] = mul2<T>(word_of(last[mt], w), word_of(mid[mt][hf], w));
+            a[ks][mt][q] = mul2<T>(word_of(last[j][mt], w), word_of(mid[j][mt][hf], w));
           }
-        const uint64_t desc = kmajor_desc(vb + ks * 2 * kChunk, kChunk * sizeof(T), 128);
         wgmma_fence();
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) wgmma_rs<T, N>(acc[mt], a[ks][mt], desc);
+        for (int mt = 0; mt < 2; ++mt) wgmma_rs<T, N, true>(acc[mt], a[ks][mt], step_desc + ks * kSliceDesc);
+        wgmma_commit();
       }
+      // The previous step's products are complete (the last wait above): its buffer is free.
+      if (step >= 1 && lane == 0) mbarrier_arrive(&empty[prev_buf]);
+      prev_buf = buf;
+      buffer.advance(buffers);
     }
-    wgmma_commit();
-    if (step + 1 < steps) store_step(step + 1, buf ^ 1);
-    copy_async_wait<kRawStages - 3>();  // step + 2's copies, read in the next step
-    fence_async_shared();
     wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) wgmma_pin(acc[mt]);
-    __syncthreads();
-  }
+    if (lane == 0) mbarrier_arrive(&empty[prev_buf]);  // the tile's last step
 
-  // Epilogue: each fragment row to its row of the layout (padding rows are dropped), times its
-  // coefficient, f32 out.
+    // Epilogue: each fragment row to its row of the layout (padding rows are dropped), times its
+    // coefficient, f32 out.
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-    if (block[mt] >= P.blocks.count) continue;
+    for (int mt = 0; mt < 2; ++mt) {
+      const int64_t block = int64_t(at.row_tile) * kBlocksPerCta + wg * 2 + mt;
+      if (block >= P.blocks.count) continue;
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const phi_block_row r = P.blocks.row[block[mt] * 64 + (2 * wq + hf) * 8 + g];
-      if (r.row < 0) continue;
-      store_state_row<kNT>(P, batch, m, head, r.row, r.coef, tq,
-                           [&](int nt, int u) { return acc[mt][4 * nt + 2 * hf + u]; });
+      for (int hf = 0; hf < 2; ++hf) {
+        const phi_block_row r = P.blocks.row[block * 64 + (2 * wq + hf) * 8 + g];
+        if (r.row < 0) continue;
+        store_state_row<kNT>(P, at.batch, at.chunk, at.head, r.row, r.coef, tq,
+                             [&](int nt, int u) { return acc[mt][4 * nt + 2 * hf + u]; });
+      }
     }
   }
 }

@@ -53,6 +53,19 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 #endif
 }
+// A position in a ring of buffers: the buffer, and the parity of the ring's round (the phase its
+// "full" barrier completes in this round; the "empty" one completed the previous round's).
+struct ring_position {
+  uint32_t buf = 0, phase = 0;
+  // Moves to the next buffer; true when the ring wraps.
+  __device__ __forceinline__ bool advance(uint32_t ring) {
+    if (++buf < ring) return false;
+    buf = 0;
+    phase ^= 1;
+    return true;
+  }
+};
+
 // Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory,
 // completing them on `bar`.
 __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

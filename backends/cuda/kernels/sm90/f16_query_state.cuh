@@ -204,19 +204,6 @@ __device__ __forceinline__ void store_f16_outputs(const mma_query_state_params& 
     }
 }
 
-// A position in the ring of B tiles: the buffer, and the parity of the ring's round (the phase its
-// "full" barrier completes in this round; the "empty" one completed the previous round's).
-struct ring_position {
-  uint32_t buf = 0, phase = 0;
-  // Moves to the next buffer; true when the ring wraps.
-  __device__ __forceinline__ bool advance(uint32_t ring) {
-    if (++buf < ring) return false;
-    buf = 0;
-    phase ^= 1;
-    return true;
-  }
-};
-
 // The copy warp's first lane: every step's B tile of every tile this CTA takes, in order, into the
 // ring (step f of the CTA's whole sequence into buffer f % ring, once the consumers have released it).
 template <int E, int MT>

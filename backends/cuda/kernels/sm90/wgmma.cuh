@@ -39,6 +39,25 @@ __device__ __forceinline__ uint64_t kmajor_desc(const void* tile, uint32_t k_str
          (uint64_t((n_stride_bytes >> 4) & 0x3FFF) << 32);
 }
 
+// Descriptor of an N-major B tile with 128- or 64-byte swizzling (`row_bytes`: 128 or 64) starting at
+// `tile` (aligned to 8 rows, 1024 or 512 bytes): K rows of row_bytes holding row_bytes / 2 values of
+// N each, the 16-byte chunks of row k at chunk ^ (the row's address bits 7..), as
+// swizzled_row_offset lays them out; 8-row groups along K `k8_stride_bytes` apart, blocks of
+// row_bytes / 2 columns along N `n_block_stride_bytes` apart.
+__device__ __forceinline__ uint64_t nmajor_swizzled_desc(const void* tile, uint32_t row_bytes, uint32_t n_block_stride_bytes,
+                                                         uint32_t k8_stride_bytes) {
+  const uint64_t addr = smem_address(tile);
+  const uint64_t mode = row_bytes == 128 ? 1 : 2;  // 128- or 64-byte swizzle
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t((n_block_stride_bytes >> 4) & 0x3FFF) << 16) |
+         (uint64_t((k8_stride_bytes >> 4) & 0x3FFF) << 32) | (mode << 62);
+}
+// The byte offset of 16-byte chunk c of row r in a swizzled tile of `row_bytes` rows (128 or 64):
+// bits 4.. of the address XOR its bits 7.. (the hardware's swizzle, anchored at 1024 bytes).
+__host__ __device__ constexpr uint32_t swizzled_row_offset(uint32_t r, uint32_t c, uint32_t row_bytes) {
+  const uint32_t linear = r * row_bytes + c * 16;
+  return linear ^ (((linear >> 7) & (row_bytes / 16 - 1)) << 4);
+}
+
 // Orders this thread's register writes (A fragments, accumulators) before the next wgmma.
 __device__ __forceinline__ void wgmma_fence() {
 #if EXPANSE_SM90A_DEVICE
@@ -85,24 +104,24 @@ __device__ __forceinline__ void wgmma_zero(float (&acc)[MT][N]) {
 }
 
 // The operand lists of m64nNk16 (inline assembly cannot loop over registers); TY is "bf16" or "f16".
-#define EXPANSE_WGMMA_RS_N40(TY)                                                          \
+#define EXPANSE_WGMMA_RS_N40(TY, TB)                                                          \
   asm volatile(                                                                          \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %25, 0;\n"                                   \
       "wgmma.mma_async.sync.aligned.m64n40k16.f32." TY "." TY " "                        \
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19}, "  \
-      "{%20, %21, %22, %23}, %24, p, 1, 1, 0;\n}\n"                     \
+      "{%20, %21, %22, %23}, %24, p, 1, 1, " TB ";\n}\n"                     \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),  \
         "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])  \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1))
 
-#define EXPANSE_WGMMA_RS_N72(TY)                                                          \
+#define EXPANSE_WGMMA_RS_N72(TY, TB)                                                          \
   asm volatile(                                                                          \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"                                   \
       "wgmma.mma_async.sync.aligned.m64n72k16.f32." TY "." TY " "                        \
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "  \
       "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, "  \
-      "{%36, %37, %38, %39}, %40, p, 1, 1, 0;\n}\n"                     \
+      "{%36, %37, %38, %39}, %40, p, 1, 1, " TB ";\n}\n"                     \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),  \
         "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
@@ -110,7 +129,7 @@ __device__ __forceinline__ void wgmma_zero(float (&acc)[MT][N]) {
         "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])  \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1))
 
-#define EXPANSE_WGMMA_RS_N136(TY)                                                          \
+#define EXPANSE_WGMMA_RS_N136(TY, TB)                                                          \
   asm volatile(                                                                          \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"                                   \
       "wgmma.mma_async.sync.aligned.m64n136k16.f32." TY "." TY " "                        \
@@ -118,7 +137,7 @@ __device__ __forceinline__ void wgmma_zero(float (&acc)[MT][N]) {
       "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "  \
       "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "  \
       "%59, %60, %61, %62, %63, %64, %65, %66, %67}, "  \
-      "{%68, %69, %70, %71}, %72, p, 1, 1, 0;\n}\n"                     \
+      "{%68, %69, %70, %71}, %72, p, 1, 1, " TB ";\n}\n"                     \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),  \
         "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
@@ -131,20 +150,28 @@ __device__ __forceinline__ void wgmma_zero(float (&acc)[MT][N]) {
         "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])  \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1))
 
-// d (64 x N, f32) += a (64 x 16, registers) * B (16 x N, shared memory, K-major) for N = 40, 72, 136
-// (e + 8: e columns and one 8-wide tile beside them, for e = 32, 64, 128).
-template <class T, int N>
+// d (64 x N, f32) += a (64 x 16, registers) * B (16 x N, shared memory) for N = 40, 72, 136 (e + 8:
+// e columns and one 8-wide tile beside them, for e = 32, 64, 128). B is K-major (core matrices of 8
+// tokens per 16-byte row, kmajor_desc), or N-major with kNMajorB (rows of N-contiguous values,
+// nmajor_swizzled_desc).
+template <class T, int N, bool kNMajorB = false>
 __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t b_desc) {
   static_assert(N == 40 || N == 72 || N == 136, "wgmma_rs: N must be 40, 72 or 136");
 #if EXPANSE_SM90A_DEVICE
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+#define EXPANSE_WGMMA_RS_CASE(MACRO)                      \
+  if constexpr (bf16 && kNMajorB) MACRO("bf16", "1");     \
+  else if constexpr (bf16) MACRO("bf16", "0");            \
+  else if constexpr (kNMajorB) MACRO("f16", "1");         \
+  else MACRO("f16", "0");
   if constexpr (N == 40) {
-    if constexpr (bf16) EXPANSE_WGMMA_RS_N40("bf16"); else EXPANSE_WGMMA_RS_N40("f16");
+    EXPANSE_WGMMA_RS_CASE(EXPANSE_WGMMA_RS_N40)
   } else if constexpr (N == 72) {
-    if constexpr (bf16) EXPANSE_WGMMA_RS_N72("bf16"); else EXPANSE_WGMMA_RS_N72("f16");
+    EXPANSE_WGMMA_RS_CASE(EXPANSE_WGMMA_RS_N72)
   } else {
-    if constexpr (bf16) EXPANSE_WGMMA_RS_N136("bf16"); else EXPANSE_WGMMA_RS_N136("f16");
+    EXPANSE_WGMMA_RS_CASE(EXPANSE_WGMMA_RS_N136)
   }
+#undef EXPANSE_WGMMA_RS_CASE
 #else
   (void)d; (void)a; (void)b_desc;
 #if defined(__CUDA_ARCH__)
