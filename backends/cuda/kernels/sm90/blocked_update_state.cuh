@@ -47,8 +47,8 @@ constexpr int kTok = wgmma_update_state_cfg::kTok, kTokPad = wgmma_update_state_
 constexpr int kASlots = 4;
 // Registers per thread (setmaxnreg; 168 at launch for 384 threads): the consumers' accumulators
 // are 2 x (e + 8) / 2 per thread, so e = 128 takes more from the producers.
-template <int E> constexpr int consumer_registers() { return E == 128 ? 232 : 200; }
-template <int E> constexpr int producer_registers() { return E == 128 ? 40 : 96; }
+template <int E> constexpr int consumer_registers() { return E == 128 ? 224 : 200; }
+template <int E> constexpr int producer_registers() { return E == 128 ? 56 : 96; }
 static_assert(128 * producer_registers<128>() + kConsumerThreads * consumer_registers<128>() <= 384 * 168, "registers");
 static_assert(128 * producer_registers<64>() + kConsumerThreads * consumer_registers<64>() <= 384 * 168, "registers");
 
@@ -153,43 +153,46 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
                 "whole copies per thread");
   constexpr int kKeyRowStep = kProducerThreads / kKeyChunks, kValRowStep = kProducerThreads / kValChunks;
   const int kc = pt % kKeyChunks, ks0 = pt / kKeyChunks, vc = pt % kValChunks, vs0 = pt / kValChunks;
-  // Per copy, what does not change from step to step: the source offset from the step's first
-  // token row and the destination offset (the step loop then adds one 64-bit offset per copy).
-  int64_t ksrc_off[kKeyCopies], vsrc_off[kValCopies];
+  // Per copy, the source address for the walk's current tile, advanced by one step's rows per step
+  // (recomputed when a tile starts), and the destination offset (the same every step): 64-bit
+  // address arithmetic per copy and step had been half of the producer's instructions.
+  const T *ksrc[kKeyCopies], *vsrc[kValCopies];
   int kdst[kKeyCopies], vdst[kValCopies];
 #pragma unroll
-  for (int j = 0; j < kKeyCopies; ++j) {
-    const int s = ks0 + j * kKeyRowStep;
-    ksrc_off[j] = s * P.k_st + kc * 8;
-    kdst[j] = key_raw_offset<T, d>(s, kc);
-  }
+  for (int j = 0; j < kKeyCopies; ++j) kdst[j] = key_raw_offset<T, d>(ks0 + j * kKeyRowStep, kc);
 #pragma unroll
   for (int j = 0; j < kValCopies; ++j) {
     const int s = vs0 + j * kValRowStep;
-    vsrc_off[j] = s * P.v_st + vc * 8;
     vdst[j] = (vc / kVChunks) * kVBlock + int(swizzled_row_offset(s, vc % kVChunks, kVRow));
   }
+  const int64_t k_step = int64_t(kTok) * P.k_st, v_step = int64_t(kTok) * P.v_st;
   // The walk's step: keys and gates into raw stage `raw`, values into step buffer `buf` (zeros past
-  // the chunk), committed as one group (an empty group past the last tile, so that every step
-  // commits one).
+  // the chunk: those sources are not read), committed as one group (an empty group past the last
+  // tile, so that every step commits one).
   auto issue_step = [&](const tile_step_walk& w, unsigned char* raw, unsigned char* buf) {
     if (!w.done(P)) {
-      const int64_t s0 = int64_t(w.step) * kTok, tok0 = w.at.first + s0, left = w.at.len - s0;
-      const T* const kstep = static_cast<const T*>(P.k) + w.at.batch * P.k_sb + w.at.head * P.k_sh + tok0 * P.k_st;
-      const T* const vstep = static_cast<const T*>(P.v) + w.at.batch * P.v_sb + w.at.head * P.v_sh + tok0 * P.v_st;
+      if (w.step == 0) {
+        const T* const k0 = static_cast<const T*>(P.k) + w.at.batch * P.k_sb + w.at.head * P.k_sh + w.at.first * P.k_st;
+        const T* const v0 = static_cast<const T*>(P.v) + w.at.batch * P.v_sb + w.at.head * P.v_sh + w.at.first * P.v_st;
 #pragma unroll
-      for (int j = 0; j < kKeyCopies; ++j) {
-        const bool in = ks0 + j * kKeyRowStep < left;
-        copy_async<16>(raw + kdst[j], in ? kstep + ksrc_off[j] : kstep, in);
-      }
+        for (int j = 0; j < kKeyCopies; ++j) ksrc[j] = k0 + (ks0 + j * kKeyRowStep) * P.k_st + kc * 8;
 #pragma unroll
-      for (int j = 0; j < kValCopies; ++j) {
-        const bool in = vs0 + j * kValRowStep < left;
-        copy_async<16>(buf + vdst[j], in ? vstep + vsrc_off[j] : vstep, in);
+        for (int j = 0; j < kValCopies; ++j) vsrc[j] = v0 + (vs0 + j * kValRowStep) * P.v_st + vc * 8;
+      } else {
+#pragma unroll
+        for (int j = 0; j < kKeyCopies; ++j) ksrc[j] += k_step;
+#pragma unroll
+        for (int j = 0; j < kValCopies; ++j) vsrc[j] += v_step;
       }
+      const int s0 = w.step * kTok;
+      const int64_t left = w.at.len - s0;
+#pragma unroll
+      for (int j = 0; j < kKeyCopies; ++j) copy_async<16>(raw + kdst[j], ksrc[j], ks0 + j * kKeyRowStep < left);
+#pragma unroll
+      for (int j = 0; j < kValCopies; ++j) copy_async<16>(buf + vdst[j], vsrc[j], vs0 + j * kValRowStep < left);
       if (pt < kTok) {
         const bool in = P.g.Gc != nullptr && pt < left;
-        copy_async<4>(raw + kGcOffset + 4 * pt, in ? P.g.Gc + w.at.bh * P.t + tok0 + pt : nullptr, in);
+        copy_async<4>(raw + kGcOffset + 4 * pt, in ? P.g.Gc + w.at.bh * P.t + w.at.first + s0 + pt : nullptr, in);
       }
     }
     copy_async_commit();
@@ -209,15 +212,19 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
       const int c8 = item / 2, h = item % 2;
       uint32_t r[4];
       ldmatrix_x4_trans(r, raw + key_raw_offset<T, d>(32 * h + lane, c8));  // lane: row lane % 8 of matrix lane / 8
-      *reinterpret_cast<uint4*>(kb + (8 * c8 + lane / 4) * kTokPad + 16 * (lane % 4) + 8 * h) = make_uint4(r[0], r[1], r[2], r[3]);
+      store_shared_16(kb + (8 * c8 + lane / 4) * kTokPad + 16 * (lane % 4) + 8 * h, make_uint4(r[0], r[1], r[2], r[3]));
     }
-    // Gates exp(A - Gc_s), 0 past the chunk, as token pairs in row d + 1.
+    // Gates exp(A - Gc_s), 0 past the chunk, as token pairs in row d + 1, by the first warp (8 lanes
+    // in each warp measured slower: every warp then issued the whole sequence).
     if (pt < kTok / 2) {
+      const int sp = pt;
       const float* rg = reinterpret_cast<const float*>(raw + kGcOffset);
-      const float A = P.g.chunk_total(w.at.bh, P.n, w.at.chunk);
+      constexpr float kLog2e = 1.4426950408889634f;
+      const float A2 = P.g.chunk_total(w.at.bh, P.n, w.at.chunk) * kLog2e;
       const int64_t left = w.at.len - int64_t(w.step) * kTok;
-      auto gate = [&](int s) { return s < left ? (P.g.Gc ? __expf(A - rg[s]) : 1.f) : 0.f; };
-      reinterpret_cast<uint32_t*>(kb + (d + 1) * kTokPad)[token_pair_word(pt)] = pack2_f32<T>(gate(2 * pt), gate(2 * pt + 1));
+      // (A - Gc_s <= 0: ex2 without exp's range handling; gates under 2^-126 flush to 0.)
+      auto gate = [&](int s) { return s < left ? (P.g.Gc ? fast_exp2(fmaf(-rg[s], kLog2e, A2)) : 1.f) : 0.f; };
+      reinterpret_cast<uint32_t*>(kb + (d + 1) * kTokPad)[token_pair_word(sp)] = pack2_f32<T>(gate(2 * sp), gate(2 * sp + 1));
     }
   };
 
