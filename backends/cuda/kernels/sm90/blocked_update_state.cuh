@@ -103,6 +103,7 @@ struct update_tile {
   int row_tile;
   int64_t batch, head, chunk, bh, first, len;
   int steps;
+  float total_log2;  // the chunk's total log gate, times log2(e)
 };
 __device__ __forceinline__ update_tile decode_update_tile(const mma_update_state_params& P, int64_t tile) {
   const cta_coords at = decode_cta(P.row_tiles, P.h, P.n, tile);
@@ -113,6 +114,7 @@ __device__ __forceinline__ update_tile decode_update_tile(const mma_update_state
   u.first = at.chunk * P.c;
   u.len = min(P.c, P.t - u.first);
   u.steps = static_cast<int>((u.len + blocked_update_state_cfg::kTok - 1) / blocked_update_state_cfg::kTok);
+  u.total_log2 = P.g.chunk_total(u.bh, P.n, u.chunk) * 1.4426950408889634f;
   return u;
 }
 
@@ -190,9 +192,10 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
       for (int j = 0; j < kKeyCopies; ++j) copy_async<16>(raw + kdst[j], ksrc[j], ks0 + j * kKeyRowStep < left);
 #pragma unroll
       for (int j = 0; j < kValCopies; ++j) copy_async<16>(buf + vdst[j], vsrc[j], vs0 + j * kValRowStep < left);
-      if (pt < kTok) {
-        const bool in = P.g.Gc != nullptr && pt < left;
-        copy_async<4>(raw + kGcOffset + 4 * pt, in ? P.g.Gc + w.at.bh * P.t + w.at.first + s0 + pt : nullptr, in);
+      if (pt >= kProducerThreads - kTok) {  // the last warps: the first one computes the gates
+        const int s = pt - (kProducerThreads - kTok);
+        const bool in = P.g.Gc != nullptr && s < left;
+        copy_async<4>(raw + kGcOffset + 4 * s, in ? P.g.Gc + w.at.bh * P.t + w.at.first + s0 + s : nullptr, in);
       }
     }
     copy_async_commit();
@@ -217,14 +220,17 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
     // Gates exp(A - Gc_s), 0 past the chunk, as token pairs in row d + 1, by the first warp (8 lanes
     // in each warp measured slower: every warp then issued the whole sequence).
     if (pt < kTok / 2) {
-      const int sp = pt;
-      const float* rg = reinterpret_cast<const float*>(raw + kGcOffset);
-      constexpr float kLog2e = 1.4426950408889634f;
-      const float A2 = P.g.chunk_total(w.at.bh, P.n, w.at.chunk) * kLog2e;
-      const int64_t left = w.at.len - int64_t(w.step) * kTok;
-      // (A - Gc_s <= 0: ex2 without exp's range handling; gates under 2^-126 flush to 0.)
-      auto gate = [&](int s) { return s < left ? (P.g.Gc ? fast_exp2(fmaf(-rg[s], kLog2e, A2)) : 1.f) : 0.f; };
-      reinterpret_cast<uint32_t*>(kb + (d + 1) * kTokPad)[token_pair_word(sp)] = pack2_f32<T>(gate(2 * sp), gate(2 * sp + 1));
+      const int left = static_cast<int>(min(w.at.len - int64_t(w.step) * kTok, int64_t(kTok)));
+      float w0 = 1.f, w1 = 1.f;
+      if (P.g.Gc != nullptr) {
+        // (A - Gc_s <= 0: ex2 without exp's range handling; gates under 2^-126 flush to 0.)
+        constexpr float kLog2e = 1.4426950408889634f;
+        const float2 gc = reinterpret_cast<const float2*>(raw + kGcOffset)[pt];
+        w0 = fast_exp2(fmaf(-gc.x, kLog2e, w.at.total_log2));
+        w1 = fast_exp2(fmaf(-gc.y, kLog2e, w.at.total_log2));
+      }
+      reinterpret_cast<uint32_t*>(kb + (d + 1) * kTokPad)[token_pair_word(pt)] =
+          pack2_f32<T>(2 * pt < left ? w0 : 0.f, 2 * pt + 1 < left ? w1 : 0.f);
     }
   };
 
