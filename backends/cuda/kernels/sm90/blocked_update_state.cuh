@@ -319,21 +319,42 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
   const int gate_off = (d + 1) * kTokPad + tq * 16;  // this lane's 16 tokens of the gate row
   ring_position buffer;  // of this step's buffer, over the steps of all tiles so far
   uint32_t prev_buf = 0;
+  // The phi blocks of a tile's m64 tiles (past the last block: any rows, never stored), read a tile
+  // ahead so that a tile's first products do not wait for them.
+  auto read_blocks = [&](int64_t tile, phi_block (&b)[2]) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      const int64_t block = tile % P.row_tiles * kBlocksPerCta + wg * 2 + mt;
+      b[mt] = tile < P.tile_count && block < P.blocks.count ? P.blocks.block[block]
+                                                            : phi_block{{uint16_t(d), uint16_t(d)}, 0, 0};
+    }
+  };
+  phi_block next_blocks[2];
+  read_blocks(blockIdx.x, next_blocks);
   for (int64_t tile = blockIdx.x; tile < P.tile_count; tile += gridDim.x) {
     const update_tile at = decode_update_tile(P, tile);
     // This lane's key rows per m64 tile (element offsets of its 16 tokens in a feature row).
     int last_off[2], mid_off[2][2], fixed_off[2][2];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
-      const int64_t block = int64_t(at.row_tile) * kBlocksPerCta + wg * 2 + mt;
-      phi_block b{{uint16_t(d), uint16_t(d)}, 0, 0};  // past the last block: any rows, never stored
-      if (block < P.blocks.count) b = P.blocks.block[block];
+      const phi_block b = next_blocks[mt];
       last_off[mt] = (b.last + g) * kTokPad + tq * 16;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         mid_off[mt][hf] = (b.mid + 2 * wq + hf) * kTokPad + tq * 16;
         fixed_off[mt][hf] = b.fixed[hf] * kTokPad + tq * 16;
       }
+    }
+    read_blocks(tile + gridDim.x, next_blocks);
+    // The layout rows of this lane's fragment rows, for the epilogue: read now, so that the loads
+    // complete during the products (read at the end, their latency was a tenth of the epilogue's).
+    phi_block_row out_row[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      const int64_t block = int64_t(at.row_tile) * kBlocksPerCta + wg * 2 + mt;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        out_row[mt][hf] = block < P.blocks.count ? P.blocks.row[block * 64 + (2 * wq + hf) * 8 + g] : phi_block_row{-1, 0.f};
     }
     float acc[2][N / 2];
     wgmma_zero(acc);
@@ -394,12 +415,10 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
     // coefficient, f32 out.
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
-      const int64_t block = int64_t(at.row_tile) * kBlocksPerCta + wg * 2 + mt;
-      if (block >= P.blocks.count) continue;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const phi_block_row r = P.blocks.row[block * 64 + (2 * wq + hf) * 8 + g];
-        if (r.row < 0) continue;
+        const phi_block_row r = out_row[mt][hf];
+        if (r.row < 0) continue;  // padding rows and blocks past the last
         store_state_row<kNT>(P, at.batch, at.chunk, at.head, r.row, r.coef, tq,
                              [&](int nt, int u) { return acc[mt][4 * nt + 2 * hf + u]; });
       }
