@@ -149,24 +149,23 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
   constexpr int kGcOffset = kTok * d * int(sizeof(T));
   const uint32_t buffers = P.ring, raw_stages = P.raw_stages;
 
-  // Copies: thread pt takes 16-byte chunk pt % chunks of token rows pt / chunks + j (128 / chunks).
-  constexpr int kKeyCopies = kTok * kKeyChunks / kProducerThreads, kValCopies = kTok * kValChunks / kProducerThreads;
-  static_assert(kKeyCopies * kProducerThreads == kTok * kKeyChunks && kValCopies * kProducerThreads == kTok * kValChunks,
-                "whole copies per thread");
-  constexpr int kKeyRowStep = kProducerThreads / kKeyChunks, kValRowStep = kProducerThreads / kValChunks;
-  const int kc = pt % kKeyChunks, ks0 = pt / kKeyChunks, vc = pt % kValChunks, vs0 = pt / kValChunks;
-  // Per copy, the source address for the walk's current tile, advanced by one step's rows per step
-  // (recomputed when a tile starts), and the destination offset (the same every step): 64-bit
-  // address arithmetic per copy and step had been half of the producer's instructions.
-  const T *ksrc[kKeyCopies], *vsrc[kValCopies];
+  // Copies: two threads per token row (128 threads, 64 rows), each taking half of the row's 16-byte
+  // chunks, consecutive: one source address per thread and row, the chunks at immediate offsets
+  // from it. The source advances by one step's rows per step (recomputed when a tile starts); the
+  // destinations are the same every step. (Chunks 16 rows apart, each at its own 64-bit address,
+  // had cost twice the instructions, and waits for the address registers to be read.)
+  constexpr int kKeyCopies = kKeyChunks / 2, kValCopies = kValChunks / 2;
+  static_assert(kProducerThreads == 2 * kTok, "two producer threads per token row");
+  const int row = pt / 2, kc0 = (pt % 2) * kKeyCopies, vc0 = (pt % 2) * kValCopies;
   int kdst[kKeyCopies], vdst[kValCopies];
 #pragma unroll
-  for (int j = 0; j < kKeyCopies; ++j) kdst[j] = key_raw_offset<T, d>(ks0 + j * kKeyRowStep, kc);
+  for (int j = 0; j < kKeyCopies; ++j) kdst[j] = key_raw_offset<T, d>(row, kc0 + j);
 #pragma unroll
   for (int j = 0; j < kValCopies; ++j) {
-    const int s = vs0 + j * kValRowStep;
-    vdst[j] = (vc / kVChunks) * kVBlock + int(swizzled_row_offset(s, vc % kVChunks, kVRow));
+    const int c = vc0 + j;
+    vdst[j] = (c / kVChunks) * kVBlock + int(swizzled_row_offset(row, c % kVChunks, kVRow));
   }
+  const T *ksrc = nullptr, *vsrc = nullptr;
   const int64_t k_step = int64_t(kTok) * P.k_st, v_step = int64_t(kTok) * P.v_st;
   // The walk's step: keys and gates into raw stage `raw`, values into step buffer `buf` (zeros past
   // the chunk: those sources are not read), committed as one group (an empty group past the last
@@ -174,28 +173,23 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
   auto issue_step = [&](const tile_step_walk& w, unsigned char* raw, unsigned char* buf) {
     if (!w.done(P)) {
       if (w.step == 0) {
-        const T* const k0 = static_cast<const T*>(P.k) + w.at.batch * P.k_sb + w.at.head * P.k_sh + w.at.first * P.k_st;
-        const T* const v0 = static_cast<const T*>(P.v) + w.at.batch * P.v_sb + w.at.head * P.v_sh + w.at.first * P.v_st;
-#pragma unroll
-        for (int j = 0; j < kKeyCopies; ++j) ksrc[j] = k0 + (ks0 + j * kKeyRowStep) * P.k_st + kc * 8;
-#pragma unroll
-        for (int j = 0; j < kValCopies; ++j) vsrc[j] = v0 + (vs0 + j * kValRowStep) * P.v_st + vc * 8;
+        ksrc = static_cast<const T*>(P.k) + w.at.batch * P.k_sb + w.at.head * P.k_sh + (w.at.first + row) * P.k_st + kc0 * 8;
+        vsrc = static_cast<const T*>(P.v) + w.at.batch * P.v_sb + w.at.head * P.v_sh + (w.at.first + row) * P.v_st + vc0 * 8;
       } else {
-#pragma unroll
-        for (int j = 0; j < kKeyCopies; ++j) ksrc[j] += k_step;
-#pragma unroll
-        for (int j = 0; j < kValCopies; ++j) vsrc[j] += v_step;
+        ksrc += k_step;
+        vsrc += v_step;
       }
       const int s0 = w.step * kTok;
       const int64_t left = w.at.len - s0;
+      const bool in = row < left;
 #pragma unroll
-      for (int j = 0; j < kKeyCopies; ++j) copy_async<16>(raw + kdst[j], ksrc[j], ks0 + j * kKeyRowStep < left);
+      for (int j = 0; j < kKeyCopies; ++j) copy_async<16>(raw + kdst[j], ksrc + 8 * j, in);
 #pragma unroll
-      for (int j = 0; j < kValCopies; ++j) copy_async<16>(buf + vdst[j], vsrc[j], vs0 + j * kValRowStep < left);
+      for (int j = 0; j < kValCopies; ++j) copy_async<16>(buf + vdst[j], vsrc + 8 * j, in);
       if (pt >= kProducerThreads - kTok) {  // the last warps: the first one computes the gates
         const int s = pt - (kProducerThreads - kTok);
-        const bool in = P.g.Gc != nullptr && s < left;
-        copy_async<4>(raw + kGcOffset + 4 * s, in ? P.g.Gc + w.at.bh * P.t + w.at.first + s0 + s : nullptr, in);
+        const bool gin = P.g.Gc != nullptr && s < left;
+        copy_async<4>(raw + kGcOffset + 4 * s, gin ? P.g.Gc + w.at.bh * P.t + w.at.first + s0 + s : nullptr, gin);
       }
     }
     copy_async_commit();
