@@ -41,6 +41,7 @@ constexpr int kConsumerWarps = kConsumerThreads / 32;
 constexpr int kProducerThreads = 128;  // warps 8-11
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
 constexpr int kProducerBarrier = 1;  // the producer warps' named barrier
+constexpr float kLog2e = 1.4426950408889634f;  // the gates are computed as 2^(log2(e) x)
 constexpr int kTok = wgmma_update_state_cfg::kTok, kTokPad = wgmma_update_state_cfg::kTokPad;
 // A fragments in flight per consumer warpgroup: the 4 K slices of a step, so the warps form the
 // next step's slices while the tensor cores still run three of this one.
@@ -115,7 +116,7 @@ __device__ __forceinline__ update_tile decode_update_tile(const mma_update_state
   u.first = at.chunk * P.c;
   u.len = min(P.c, P.t - u.first);
   u.steps = static_cast<int>((u.len + blocked_update_state_cfg::kTok - 1) / blocked_update_state_cfg::kTok);
-  u.total_log2 = P.g.chunk_total(u.bh, P.n, u.chunk) * 1.4426950408889634f;
+  u.total_log2 = P.g.chunk_total(u.bh, P.n, u.chunk) * blocked_update_state_cfg::kLog2e;
   return u;
 }
 
@@ -219,7 +220,6 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
       float w0 = 1.f, w1 = 1.f;
       if (P.g.Gc != nullptr) {
         // (A - Gc_s <= 0: ex2 without exp's range handling; gates under 2^-126 flush to 0.)
-        constexpr float kLog2e = 1.4426950408889634f;
         const float2 gc = reinterpret_cast<const float2*>(raw + kGcOffset)[pt];
         w0 = fast_exp2(fmaf(-gc.x, kLog2e, w.at.total_log2));
         w1 = fast_exp2(fmaf(-gc.y, kLog2e, w.at.total_log2));
