@@ -196,14 +196,18 @@ void launch_blocked_update_state(const expanse_tensor& k, const expanse_tensor& 
   with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
-    // The deepest rings that fit: extra step buffers first, then raw stages (declines checked the smallest).
+    // The deepest rings that fit: extra step buffers first, then raw stages (declines checked the
+    // smallest, kMinRawStages of each).
     auto bytes = [&] { return blocked_update_state_smem<T, DH, E>(P.ring, P.raw_stages); };
-    for (int extra = kExtraBuffers; extra >= 0; --extra) {
-      for (P.raw_stages = kMaxRawStages; P.raw_stages > kMinRawStages; --P.raw_stages)
-        if (blocked_update_state_smem<T, DH, E>(P.raw_stages + extra, P.raw_stages) <= lc.props.smem_optin) break;
-      P.ring = P.raw_stages + extra;
-      if (bytes() <= lc.props.smem_optin) break;
-    }
+    P.raw_stages = P.ring = kMinRawStages;
+    bool found = false;
+    for (int extra = kExtraBuffers; extra >= 0 && !found; --extra)
+      for (int raw = kMaxRawStages; raw >= kMinRawStages && !found; --raw)
+        if (blocked_update_state_smem<T, DH, E>(raw + extra, raw) <= lc.props.smem_optin) {
+          P.raw_stages = raw;
+          P.ring = raw + extra;
+          found = true;
+        }
     auto launch = [&](auto kernel) {
       // One persistent CTA per SM (at most one per tile).
       launch_with_smem(kernel, std::min<int64_t>(P.tile_count, std::max(lc.props.sm_count, 1)), kThreads, bytes(),

@@ -41,7 +41,6 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Four 8x8 b16 matrices; lane L gives the row address of matrix L/8, row L%8.
 // One 16-byte shared-memory read (16-byte aligned `p`), kept whole: where each word of a plain
 // uint4 read feeds a different instruction, the compiler may split it into four 4-byte reads, four
 // times the shared-memory wavefronts. (volatile: it stays after the barrier waits before it.)
@@ -55,6 +54,7 @@ __device__ __forceinline__ void store_shared_16(void* p, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_address(p)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
 }
+// Four 8x8 b16 matrices; lane L gives the row address of matrix L/8, row L%8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
