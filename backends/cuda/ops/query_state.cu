@@ -13,6 +13,7 @@
 #include "kernels/portable/mma_query_state.cuh"
 #include "kernels/sm90/blocked_query_state.cuh"
 #include "kernels/sm90/f16_query_state.cuh"
+#include "kernels/sm90/f16_state_tiles_clustered.cuh"
 #include "kernels/sm90/wgmma_query_state.cuh"
 #include "ops/op_common.hpp"
 #include "ops/state_ops.hpp"
@@ -333,6 +334,49 @@ void launch_blocked_query_state(const query_inputs& in, const gates& g, const ph
   check_launch("blocked query_state");
 }
 
+// The pass that writes the states' f16 tiles and scales: a cluster per state where the layout's
+// blocks are runs of rows (tiled:8) and a CTA's share of them fits in shared memory (two buffers
+// where they fit), else a CTA per state and group of 8 columns.
+static void launch_f16_state_tiles(f16_state_tiles_params& tp, const expanse_problem& pb, launch_context& lc) {
+  using namespace f16_state_tiles_clustered_cfg;
+  with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto, auto, auto e_tag) {
+    constexpr int E = decltype(e_tag)::value;
+    const bool runs = pb.layout.kind == EXPANSE_LAYOUT_TILED && pb.layout.d_tile == 8 &&
+                      max_rows(tp.blocks.count) <= kMaxBlocksPerCta * f16_state_tiles_cfg::kRowsK;
+    const size_t buffer = buffer_bytes(tp.blocks.count, E), fixed = static_bytes(E);
+    tp.buffers = 2;
+    while (tp.buffers > 0 && tp.buffers * buffer + fixed > lc.props.smem_optin) --tp.buffers;
+    int clusters = 0;
+    cudaLaunchConfig_t cfg{};
+    cudaLaunchAttribute cluster{};
+    if (runs && tp.buffers > 0) {
+      const size_t smem = tp.buffers * buffer;
+      cudaFuncSetAttribute(f16_state_tiles_clustered_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = kCluster;
+      cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+      cfg.gridDim = dim3(kCluster);
+      cfg.blockDim = dim3(kThreads);
+      cfg.dynamicSmemBytes = smem;
+      cfg.stream = lc.stream;
+      cfg.attrs = &cluster;
+      cfg.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&clusters, f16_state_tiles_clustered_kernel<E>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();  // not an error of this launch: the column-group pass runs instead
+        clusters = 0;
+      }
+    }
+    if (clusters > 0) {
+      cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(tp.states, clusters) * kCluster));
+      cudaLaunchKernelEx(&cfg, f16_state_tiles_clustered_kernel<E>, tp);
+    } else {
+      launch_with_smem(f16_state_tiles_kernel<E>, tp.states * (E / 8 + 1), f16_state_tiles_cfg::kThreads,
+                       f16_state_tiles_cfg::smem_bytes(pb.D), lc.stream, tp);
+    }
+  });
+  check_launch("query_state f16 state tiles");
+}
+
 // The F16 form: the pass that writes the states' scales and f16 tiles, then the kernel.
 void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const f16_state_scratch& f16,
                             const expanse_problem& pb, bool normalize, launch_context& lc) {
@@ -346,12 +390,8 @@ void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_ta
   tp.z = P.z; tp.z_sb = P.z_sb; tp.z_sn = P.z_sn; tp.z_sh = P.z_sh; tp.z_sD = P.z_sD;
   tp.n = pb.n; tp.h = pb.h; tp.D = pb.D; tp.blocks = phi.blocks;
   tp.scales = f16.scales; tp.tiles = f16.tiles;
-  with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto, auto, auto e_tag) {
-    constexpr int E = decltype(e_tag)::value;
-    launch_with_smem(f16_state_tiles_kernel<E>, states * (E / 8 + 1), f16_state_tiles_cfg::kThreads,
-                     f16_state_tiles_cfg::smem_bytes(pb.D), lc.stream, tp);
-  });
-  check_launch("query_state f16 state tiles");
+  tp.states = states;
+  launch_f16_state_tiles(tp, pb, lc);
   // One persistent CTA per SM (at most one per tile); the intra-chunk term goes through shared
   // memory where it fits and its rows are 16-byte aligned runs.
   const bool y_rows = P.y != nullptr && P.y_se == 1 && P.y_sb % 4 == 0 && P.y_st % 4 == 0 && P.y_sh % 4 == 0 &&

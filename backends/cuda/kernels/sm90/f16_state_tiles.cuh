@@ -37,6 +37,9 @@ struct f16_state_tiles_params {
   phi_blocks blocks;
   float* scales;   // [b,n,h][e + 1]: the e columns of S, then z
   __half* tiles;   // [b,n,h][blocks][f16_state_tiles_cfg::tile_elems<E>()]
+  // The clustered form only (f16_state_tiles_clustered.cuh): b n h, and its buffers per CTA (1 or 2).
+  int64_t states;
+  int buffers;
 };
 
 namespace f16_state_tiles_cfg {
