@@ -342,7 +342,7 @@ static void launch_f16_state_tiles(f16_state_tiles_params& tp, const expanse_pro
   with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto, auto, auto e_tag) {
     constexpr int E = decltype(e_tag)::value;
     const bool runs = pb.layout.kind == EXPANSE_LAYOUT_TILED && pb.layout.d_tile == 8 &&
-                      max_rows(tp.blocks.count) <= kMaxBlocksPerCta * f16_state_tiles_cfg::kRowsK;
+                      max_rows(tp.blocks.count) / f16_state_tiles_cfg::kRowsK + 2 <= kMaxBlocksPerCta;
     const size_t buffer = buffer_bytes(tp.blocks.count, E), fixed = static_bytes(E);
     tp.buffers = 2;
     while (tp.buffers > 0 && tp.buffers * buffer + fixed > lc.props.smem_optin) --tp.buffers;

@@ -1,6 +1,6 @@
 // The f16 state tiles of f16_state_tiles.cuh (same tiles, same scales) for the tiled layout with
 // d_tile 8, where phi block s is rows 64 s .. 64 s + 63 of the state as they stand (one coefficient
-// per block): a cluster of kCluster CTAs per state, each CTA a run of whole blocks.
+// per block): a cluster of kCluster CTAs per state, each CTA a run of rows.
 //
 // Why: the column-group pass reads 32 bytes of every 256-byte row per CTA and gathers rows through
 // the block table, so its CTAs read scattered sectors and then write, in step with each other
@@ -30,12 +30,13 @@ namespace expanse_cuda {
 namespace f16_state_tiles_clustered_cfg {
 constexpr int kThreads = 512;
 constexpr int kCluster = 8;
+// The blocks a CTA's rows may touch (the coefficients it keeps).
 constexpr int kMaxBlocksPerCta = 32;
-// Rows of the CTA with the most blocks (the buffers' size), and the floats of one buffer: those
-// rows of S (E each), then their z entries.
-__host__ __device__ constexpr int64_t max_rows(int64_t blocks) {
-  return (blocks + kCluster - 1) / kCluster * f16_state_tiles_cfg::kRowsK;
-}
+// The state's chunks of 8 rows (a tile's K chunks) are shared out evenly, so that no CTA of the
+// cluster waits for one with a block more (at P1, 36 blocks: 4.5 each). The rows of the CTA with
+// the most chunks (the buffers' size), and the floats of one buffer: those rows of S (E each), then
+// their z entries.
+__host__ __device__ constexpr int64_t max_rows(int64_t blocks) { return (blocks * 8 + kCluster - 1) / kCluster * 8; }
 constexpr size_t buffer_bytes(int64_t blocks, int e) { return size_t(max_rows(blocks)) * (e + 1) * sizeof(float); }
 // Statically allocated: per-warp maxima, the two slot sets and their barriers, the scales, the
 // blocks' coefficients.
@@ -56,8 +57,8 @@ __global__ void __launch_bounds__(f16_state_tiles_clustered_cfg::kThreads, 1)
   const int rank = static_cast<int>(cluster_rank());
   const int64_t first = cluster_index(), clusters = cluster_count();
   const int blocks = static_cast<int>(P.blocks.count);
-  const int blk0 = rank * blocks / kCluster, blk1 = (rank + 1) * blocks / kCluster;
-  const int rows = (blk1 - blk0) * kRowsK, row0 = blk0 * kRowsK;
+  const int chunk0 = rank * blocks * 8 / kCluster, chunk1 = (rank + 1) * blocks * 8 / kCluster;
+  const int rows = (chunk1 - chunk0) * 8, row0 = chunk0 * 8, blk0 = chunk0 / 8;
   const int buf_rows = static_cast<int>(max_rows(blocks));
   const int64_t buffer_elems = int64_t(buf_rows) * (E + 1);
   extern __shared__ __align__(16) float staged[];  // P.buffers x [buf_rows][E], then [buf_rows] z
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(f16_state_tiles_clustered_cfg::kThreads, 1)
   __shared__ float slots[2][kCluster][E + 1];  // [state parity][rank][column]
   __shared__ __align__(8) uint64_t slots_full[2];  // per slot set: all kCluster (E + 1) maxima have landed
   __shared__ float scale[E + 1];
-  __shared__ float block_coef[kMaxBlocksPerCta];  // of this CTA's blocks (one per block in tiled:8)
+  __shared__ float block_coef[kMaxBlocksPerCta];  // of the blocks from blk0 on (one per block in tiled:8)
   constexpr uint32_t kSlotBytes = kCluster * (E + 1) * sizeof(float);
 
   // Starts the copies of this CTA's rows of `state` into `buf` (z entries: zeros without z).
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(f16_state_tiles_clustered_cfg::kThreads, 1)
     mbarrier_init(&slots_full[1], 1);
     mbarrier_init_fence();
   }
-  for (int b = tid; b < blk1 - blk0; b += kThreads) block_coef[b] = P.blocks.row[(blk0 + b) * kRowsK].coef;
+  for (int b = tid; blk0 + b <= (chunk1 - 1) / 8; b += kThreads) block_coef[b] = P.blocks.row[(blk0 + b) * kRowsK].coef;
   cluster_sync();  // every CTA's barriers are ready before any maxima arrive
   if (first < P.states) load(first, staged);
   for (int64_t item = 0, state = first; state < P.states; ++item, state += clusters) {
@@ -140,12 +141,13 @@ __global__ void __launch_bounds__(f16_state_tiles_clustered_cfg::kThreads, 1)
     // 3. This CTA's tiles. Consecutive threads: consecutive columns of one chunk of 8 rows
     // (conflict-free reads, E words per row) and consecutive 16-byte pieces of the tiles.
     constexpr int kTileElems = f16_state_tiles_cfg::tile_elems<E>();
-    uint4* const out = reinterpret_cast<uint4*>(P.tiles + (state * blocks + blk0) * kTileElems);
+    uint4* const out = reinterpret_cast<uint4*>(P.tiles + state * blocks * kTileElems +
+                                                int64_t(chunk0) * f16_state_tiles_cfg::chunk_elems<E>());
     for (int i = tid; i < rows / 8 * kCols; i += kThreads) {
       const int chunk = i / kCols, col = i % kCols;
       const float* const x = col < E ? buf + chunk * 8 * E + col : zs + chunk * 8;
       const int step = col < E ? E : 1;
-      const float f = block_coef[chunk / 8] * scale[min(col, E)];
+      const float f = block_coef[(chunk0 + chunk) / 8 - blk0] * scale[min(col, E)];
       float v[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = col <= E ? x[k * step] * f : 0.f;
