@@ -1,8 +1,9 @@
 // query_state: o_i = phi(scale q_i)^T S_m exp(Gc_i) [+ intra] [/ (... z ... + intra den)].
 // Implementations, best first:
 // - "wgmma_f16" (Hopper, p = 2 with a layout that has a block form: tiled:8 or the symmetric one):
-//   a pass that writes each state once as scaled f16 B tiles (kernels/sm90/f16_state_tiles.cuh),
-//   then one f16 product per K step, warp-specialized (kernels/sm90/f16_query_state.cuh);
+//   a pass that writes each state once as scaled f16 B tiles (kernels/sm90/f16_state_tiles.cuh;
+//   for tiled:8 a cluster of CTAs per state, kernels/sm90/f16_state_tiles_clustered.cuh), then one
+//   f16 product per K step, warp-specialized (kernels/sm90/f16_query_state.cuh);
 // - "wgmma_blocked" (p >= 2 with tiled:8, p = 2 with the symmetric layout): the same blocks with hi +
 //   lo b16 splits, three products per step (kernels/sm90/blocked_query_state.cuh);
 // - "wgmma" (expand-MMA on Hopper's warpgroup tensor cores) and "mma" (on the tensor cores of sm_80

@@ -16,7 +16,8 @@
 // of 8 K rows, each N / 8 core matrices of 8 columns x 8 rows (128 bytes, a column's 8 rows
 // contiguous).
 //
-// One CTA per (state, group of 8 columns; the last group is z): it copies its columns of every row
+// (For tiled:8, f16_state_tiles_clustered.cuh writes the same tiles faster.) Here, one CTA per
+// (state, group of 8 columns; the last group is z): it copies its columns of every row
 // (32-byte pieces) into shared memory, where they fit; finds the scales; then writes each tile's
 // 16-byte column pieces of its group, gathering the rows by the block table.
 #pragma once
