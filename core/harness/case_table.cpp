@@ -127,6 +127,7 @@ std::vector<op_config> standard_cases() {
       {EXPANSE_OP_POWER_ATTENTION, EXPANSE_BF16, 3, 32, 32, 200, 64, tiled(8)},
       {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F16, 1, 128, 128, 257, 0, kSympow},
       {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 2, 32, 128, 260, 128, tiled(8)},  // e = 128 tiles, 1-2 blocks per CTA
+      {EXPANSE_OP_QUERY_STATE, EXPANSE_F16, 2, 128, 32, 150, 64, tiled(8)},  // a cluster pass with one buffer
   };
   int variant = 0;
   for (const fast& f : fast_cases) {
