@@ -36,9 +36,8 @@ __device__ __forceinline__ uint32_t cluster_count() {
 // Stores v at `local` (this CTA's shared memory) as seen in the shared memory of the cluster's CTA
 // `rank` (the same offset in that CTA's window), asynchronously: the store completes its 4 bytes
 // on that CTA's barrier at `local_bar`'s offset (st.async); the receiver's mbarrier_wait on it then
-// sees the value. Unlike a
-// store followed by a releasing cluster barrier, it does not wait for this thread's other memory
-// operations (copies still in flight) to complete.
+// sees the value. Unlike a store followed by a releasing cluster barrier, it does not wait for this
+// thread's other memory operations (copies still in flight) to complete.
 __device__ __forceinline__ void store_remote_async(float* local, uint32_t rank, float v, uint64_t* local_bar) {
 #if EXPANSE_SM90A_DEVICE
   uint32_t remote, remote_bar;
