@@ -148,6 +148,8 @@ std::vector<op_config> standard_cases() {
     c.dtype = EXPANSE_BF16; c.p = 2; c.d = 64; c.e = 64; c.t = 555; c.c = 300; c.layout = tiled(8);
     c.b = 2; c.hq = 4; c.h = 2; c.normalize = true; c.gated = true; c.intra = false;
     cases.push_back(c);
+    c.t = 300; c.c = 128; c.normalize = false;  // unnormalized: no z column in the state tiles
+    cases.push_back(c);
   }
 
   // power_attention_step.
