@@ -12,48 +12,65 @@
 namespace expanse::detail {
 namespace {
 
-std::vector<backend_entry> discover() {
-  std::vector<backend_entry> found;
+backend_entry reference_entry() {
   backend_entry ref;
   ref.table = expanse_reference_backend();
   ref.name = ref.table->name;
   ref.abi_version = ref.table->abi_version;
+  ref.status = backend_entry::state::loaded;
   char err[256] = {0};
   if (ref.table->init(err, sizeof(err)) != EXPANSE_OK) ref.reason = err;
   ref.device_count = ref.table->device_count();
-  found.push_back(ref);
+  return ref;
+}
 
-  for (const std::string& dir : plugin_search_dirs()) {
-    for (const std::string& file : plugin_files_in(dir)) {
-      backend_entry entry = load_plugin(file);
-      bool duplicate = false;
-      for (const backend_entry& other : found) {
-        if (other.path == entry.path) duplicate = true;  // same file reached twice: skip silently
-        else if (other.name == entry.name && entry.table) {
-          entry.reason = "a backend named '" + entry.name + "' was already loaded from " +
-                         (other.path.empty() ? std::string("the core") : other.path) + "; this one is ignored";
-          entry.table = nullptr;
-        }
-      }
-      if (!duplicate) found.push_back(std::move(entry));
-    }
+// The entries are found once (no module is opened for that) and never added or removed afterwards,
+// so a context may keep a pointer to its entry; a pending entry is loaded in place under `loading`.
+struct registry {
+  std::vector<backend_entry> entries;
+  std::mutex loading;  // serializes dlopen and plugin init, and guards each entry's `status`
+
+  registry() {
+    entries.push_back(reference_entry());
+    for (backend_entry& e : find_plugins({entries.front().name})) entries.push_back(std::move(e));
   }
-  return found;
+
+  // Loads e's module if it is pending; afterwards e never changes again. Needs `loading` held.
+  static void ensure_loaded(backend_entry& e) {
+    if (e.status == backend_entry::state::pending) load_plugin(e);
+  }
+};
+
+registry& the_registry() {
+  static registry r;  // thread-safe initialization
+  return r;
 }
 
 }  // namespace
 
 const std::vector<backend_entry>& backends() {
-  static std::once_flag once;
-  static std::vector<backend_entry> list;
-  std::call_once(once, [] { list = discover(); });
-  return list;
+  registry& r = the_registry();
+  std::lock_guard<std::mutex> lock(r.loading);
+  for (backend_entry& e : r.entries) registry::ensure_loaded(e);
+  return r.entries;
 }
 
 const backend_entry* find_backend(const std::string& name) {
-  for (const backend_entry& b : backends())
-    if (b.name == name) return &b;
-  return nullptr;
+  registry& r = the_registry();
+  std::lock_guard<std::mutex> lock(r.loading);
+  // The module that owns the name (found first and loadable); else a skipped entry of that name,
+  // whose reason then explains why it cannot be used.
+  backend_entry* match = nullptr;
+  for (backend_entry& e : r.entries) {
+    if (e.name != name) continue;
+    if (e.status != backend_entry::state::skipped) {
+      match = &e;
+      break;
+    }
+    if (!match) match = &e;
+  }
+  if (match) registry::ensure_loaded(*match);
+  return match;
 }
 
 }  // namespace expanse::detail
