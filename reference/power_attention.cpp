@@ -6,8 +6,9 @@
 // and the final state S_t = exp(G_t) S0 + sum_j exp(G_t - G_j) phi(k_j) v_j^T (z likewise).
 //
 // Two forms of the same function:
-//  * quadratic (args.chunk_size == 0): the A matrix directly, per (batch, query head, row block);
-//  * chunked (args.chunk_size > 0): SPEC "chunked algorithm", one sequential pass over the chunks
+//  * quadratic (one chunk: chunk size 0, or one >= t): the A matrix directly, per (batch, query
+//    head, row block);
+//  * chunked (two chunks or more): SPEC "chunked algorithm", one sequential pass over the chunks
 //    per (batch, kv head) with a running f64 state, as the fast kernels do it.
 // Both compute in f64 directly (no log space is needed at this precision).
 #include <cmath>
@@ -183,7 +184,7 @@ void power_attention_chunked(const expanse_problem& pb, const expanse_power_atte
 }  // namespace
 
 void power_attention(const expanse_problem& pb, const expanse_power_attention_args& args) {
-  if (args.chunk_size == 0)
+  if (pb.n <= 1)  // the quadratic form, or one chunk spanning the sequence: the same function
     power_attention_quadratic(pb, args);
   else
     power_attention_chunked(pb, args);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -74,7 +75,9 @@ class prepared_run {
   // Copies inputs to the device and allocates outputs poisoned with NaN (power_attention_step's
   // S and z start as the input state, since the step updates them in place).
   prepared_run(expanse::context& ctx, const op_config& cfg, const tensor_map& inputs, bool oracle);
-  void execute();              // enqueues the op on ctx's stream (throws expanse::error)
+  // Enqueues the op on ctx's stream (throws expanse::error). `adjust`, when given, receives the op's
+  // *_args struct just before the call (tests break one argument at a time).
+  void execute(const std::function<void(void* args)>& adjust = {});
   tensor_map download() const; // copies the outputs back and synchronizes
 
  private:

@@ -1,10 +1,34 @@
 // Small C entry points: version, names, dtype sizes, tensor construction, argument defaults.
 #include <cstring>
 
+#include "codes.hpp"
 #include "errors.hpp"
 #include "expanse/expanse.h"
 
 using namespace expanse::detail;
+
+namespace expanse::detail {
+
+size_t dtype_size_of(int32_t dtype) {
+  switch (dtype) {
+    case EXPANSE_F16: case EXPANSE_BF16: return 2;
+    case EXPANSE_F32: return 4;
+    case EXPANSE_F64: return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name_of(int32_t dtype) {
+  switch (dtype) {
+    case EXPANSE_F16: return "f16";
+    case EXPANSE_BF16: return "bf16";
+    case EXPANSE_F32: return "f32";
+    case EXPANSE_F64: return "f64";
+  }
+  return "unknown";
+}
+
+}  // namespace expanse::detail
 
 #ifndef EXPANSE_VERSION_STRING
 #define EXPANSE_VERSION_STRING "0.0.0"
@@ -15,7 +39,7 @@ extern "C" {
 EXPANSE_API const char* expanse_version(void) { return EXPANSE_VERSION_STRING; }
 
 EXPANSE_API const char* expanse_status_name(expanse_status status) {
-  switch (status) {
+  switch (enum_code(status)) {
     case EXPANSE_OK: return "ok";
     case EXPANSE_ERROR_INVALID_ARGUMENT: return "invalid argument";
     case EXPANSE_ERROR_UNSUPPORTED: return "unsupported";
@@ -27,27 +51,12 @@ EXPANSE_API const char* expanse_status_name(expanse_status status) {
   return "unknown status";
 }
 
-EXPANSE_API size_t expanse_dtype_size(expanse_dtype dtype) {
-  switch (dtype) {
-    case EXPANSE_F16: case EXPANSE_BF16: return 2;
-    case EXPANSE_F32: return 4;
-    case EXPANSE_F64: return 8;
-  }
-  return 0;
-}
+EXPANSE_API size_t expanse_dtype_size(expanse_dtype dtype) { return dtype_size_of(enum_code(dtype)); }
 
-EXPANSE_API const char* expanse_dtype_name(expanse_dtype dtype) {
-  switch (dtype) {
-    case EXPANSE_F16: return "f16";
-    case EXPANSE_BF16: return "bf16";
-    case EXPANSE_F32: return "f32";
-    case EXPANSE_F64: return "f64";
-  }
-  return "unknown";
-}
+EXPANSE_API const char* expanse_dtype_name(expanse_dtype dtype) { return dtype_name_of(enum_code(dtype)); }
 
 EXPANSE_API const char* expanse_op_name(expanse_op_kind op) {
-  switch (op) {
+  switch (enum_code(op)) {
     case EXPANSE_OP_SYMPOW_EXPAND: return "sympow_expand";
     case EXPANSE_OP_UPDATE_STATE: return "update_state";
     case EXPANSE_OP_DISCUMSUM: return "discumsum";
@@ -71,15 +80,16 @@ EXPANSE_API expanse_status expanse_tensor_make(expanse_tensor* t, void* data, ex
     if (ndim > 0 && !shape) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_tensor_make: argument 'shape' is NULL");
     std::memset(t, 0, sizeof(*t));
     t->data = data;
-    t->dtype = dtype;
-    t->device_type = device_type;
+    t->dtype = enum_code(dtype);  // stored as given: validation names a bad code where it is used
+    t->device_type = enum_code(device_type);
     t->device_id = device_id;
     t->ndim = ndim;
     int64_t stride = 1;
     for (int32_t i = ndim - 1; i >= 0; --i) {
       t->shape[i] = shape[i];
       t->strides[i] = stride;
-      stride *= shape[i] > 0 ? shape[i] : 1;
+      if (__builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : 1, &stride))
+        fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_tensor_make: the element count of argument 'shape' overflows int64 (at dimension %d)", i);
     }
   });
 }
@@ -120,6 +130,7 @@ EXPANSE_API void expanse_power_attention_args_init(expanse_power_attention_args*
   if (!a) return;
   std::memset(a, 0, sizeof(*a));
   a->p = 2;
+  a->chunk_size = EXPANSE_CHUNK_AUTO;
   a->normalize = 1;
   a->layout = default_layout;
 }

@@ -2,8 +2,11 @@
 #include <algorithm>
 #include <string>
 
+#include "codes.hpp"
 #include "errors.hpp"
 #include "expanse/backend.h"
+#include "finite_check.hpp"
+#include "op_table.hpp"
 #include "registry.hpp"
 #include "validate.hpp"
 
@@ -15,6 +18,8 @@ struct expanse_context {
   void* stream = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  bool check_finite = false;
+  expanse_choose_chunk_size_fn choose_chunk_size = nullptr;  // the backend's rule for EXPANSE_CHUNK_AUTO
 };
 
 namespace {
@@ -33,16 +38,42 @@ expanse_context& checked(expanse_context* ctx) {
 
 const expanse_backend& table_of(const expanse_context& ctx) { return *ctx.backend->table; }
 
-// Validates args for ctx's device and asks the backend whether it implements the problem.
-void prepare(expanse_context& ctx, expanse_op_kind kind, const void* args, validated_op& v, expanse_op& op) {
-  validate_op(kind, args, {table_of(ctx).device_type, ctx.device}, v);
-  op.kind = kind;
+int64_t default_chunk_size(const expanse_problem* problem) { return expanse_auto_chunk_size(problem->t); }
+
+void backend_call(const expanse_context& ctx, const char* what, expanse_status st, const char* err);
+
+// The caller's tensors as host bytes, for the finite check on a device backend.
+std::vector<unsigned char> fetch_to_host(const expanse_context& ctx, const void* device_ptr, size_t bytes) {
+  std::vector<unsigned char> host(bytes);
+  char err[512] = {0};
+  expanse_status st = table_of(ctx).memory_copy(ctx.device, host.data(), device_ptr, bytes,
+                                                EXPANSE_COPY_DEVICE_TO_HOST, ctx.stream, err, sizeof(err));
+  if (st == EXPANSE_OK) st = table_of(ctx).synchronize(ctx.device, ctx.stream, err, sizeof(err));
+  err[sizeof(err) - 1] = '\0';
+  backend_call(ctx, "finite check: copy of an input to the host", st, err);
+  return host;
+}
+
+// Validates args for ctx's device (and their values, with the finite check on) and asks the backend
+// whether it implements the problem. `kind` is the caller's integer code.
+void prepare(expanse_context& ctx, int32_t kind, const void* args, validated_op& v, expanse_op& op) {
+  validate_op(kind, args, {table_of(ctx).device_type, ctx.device, ctx.choose_chunk_size}, v);
+  if (ctx.check_finite) {
+    const char* name = expanse_op_name(static_cast<expanse_op_kind>(kind));
+    if (table_of(ctx).device_type == EXPANSE_DEVICE_CPU) {
+      check_finite_inputs(name, *op_tensors(kind), args, nullptr);
+    } else {
+      const fetch_fn fetch = [&](const void* ptr, size_t bytes) { return fetch_to_host(ctx, ptr, bytes); };
+      check_finite_inputs(name, *op_tensors(kind), args, &fetch);
+    }
+  }
+  op.kind = static_cast<expanse_op_kind>(kind);
   op.args = v.args;
   op.problem = &v.problem;
   char reason[512] = {0};
   if (table_of(ctx).supports(&op, reason, sizeof(reason)) != EXPANSE_OK) {
     reason[sizeof(reason) - 1] = '\0';
-    fail(EXPANSE_ERROR_UNSUPPORTED, "%s: backend '%s' does not support this problem: %s", expanse_op_name(kind),
+    fail(EXPANSE_ERROR_UNSUPPORTED, "%s: backend '%s' does not support this problem: %s", expanse_op_name(op.kind),
          ctx.backend->name.c_str(), reason[0] ? reason : "no reason given");
   }
 }
@@ -74,6 +105,8 @@ EXPANSE_API expanse_status expanse_context_create(const char* backend, int32_t d
     auto* c = new expanse_context();
     c->backend = b;
     c->device = device;
+    void* choose = b->table->get_proc_address ? b->table->get_proc_address(EXPANSE_CHOOSE_CHUNK_SIZE_PROC) : nullptr;
+    c->choose_chunk_size = choose ? reinterpret_cast<expanse_choose_chunk_size_fn>(choose) : default_chunk_size;
     *ctx = c;
   });
 }
@@ -102,12 +135,33 @@ EXPANSE_API expanse_status expanse_context_set_workspace(expanse_context* ctx, v
   });
 }
 
+EXPANSE_API expanse_status expanse_context_set_check_finite(expanse_context* ctx, int32_t enabled) {
+  return guarded([&] {
+    expanse_context& c = checked(ctx);
+    if (enabled != 0 && enabled != 1)
+      fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_context_set_check_finite: argument 'enabled' must be 0 or 1, got %d",
+           enabled);
+    c.check_finite = enabled == 1;
+  });
+}
+
+EXPANSE_API expanse_status expanse_resolved_chunk_size(expanse_context* ctx, const expanse_power_attention_args* a,
+                                                       int64_t* chunk_size) {
+  return guarded([&] {
+    if (!chunk_size) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_resolved_chunk_size: argument 'chunk_size' is NULL");
+    expanse_context& c = checked(ctx);
+    validated_op v;
+    validate_op(EXPANSE_OP_POWER_ATTENTION, a, {table_of(c).device_type, c.device, c.choose_chunk_size}, v);
+    *chunk_size = v.chunk_size;
+  });
+}
+
 EXPANSE_API expanse_status expanse_supports(expanse_context* ctx, expanse_op_kind kind, const void* args, char* reason,
                                             size_t reason_len) {
   const expanse_status st = guarded([&] {
     validated_op v;
     expanse_op op{};
-    prepare(checked(ctx), kind, args, v, op);
+    prepare(checked(ctx), enum_code(kind), args, v, op);
   });
   if (reason && reason_len) {
     const std::string text = st == EXPANSE_OK ? std::string() : std::string(expanse_last_error());
@@ -125,7 +179,7 @@ EXPANSE_API expanse_status expanse_workspace_size(expanse_context* ctx, expanse_
     expanse_context& c = checked(ctx);
     validated_op v;
     expanse_op op{};
-    prepare(c, kind, args, v, op);
+    prepare(c, enum_code(kind), args, v, op);
     *bytes = 0;
     backend_call(c, "workspace query", table_of(c).workspace_size(&op, bytes), nullptr);
   });
@@ -136,19 +190,19 @@ EXPANSE_API expanse_status expanse_run(expanse_context* ctx, expanse_op_kind kin
     expanse_context& c = checked(ctx);
     validated_op v;
     expanse_op op{};
-    prepare(c, kind, args, v, op);
+    prepare(c, enum_code(kind), args, v, op);
     size_t needed = 0;
     backend_call(c, "workspace query", table_of(c).workspace_size(&op, &needed), nullptr);
     if (needed > c.workspace_bytes)
       fail(EXPANSE_ERROR_WORKSPACE,
            "%s on backend '%s' needs a workspace of %zu bytes, the context has %zu: query expanse_workspace_size and "
-           "pass it with expanse_context_set_workspace", expanse_op_name(kind), c.backend->name.c_str(), needed,
+           "pass it with expanse_context_set_workspace", expanse_op_name(op.kind), c.backend->name.c_str(), needed,
            c.workspace_bytes);
     const expanse_exec exec{c.device, c.stream, c.workspace, c.workspace_bytes};
     char err[512] = {0};
     const expanse_status st = table_of(c).run(&op, &exec, err, sizeof(err));
     err[sizeof(err) - 1] = '\0';
-    backend_call(c, expanse_op_name(kind), st, err);
+    backend_call(c, expanse_op_name(op.kind), st, err);
   });
 }
 
@@ -190,8 +244,9 @@ EXPANSE_API expanse_status expanse_memcpy(expanse_context* ctx, void* dst, const
     expanse_context& c = checked(ctx);
     if (bytes == 0) return;
     if (!dst || !src) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_memcpy: 'dst' and 'src' must not be NULL");
-    if (kind < EXPANSE_COPY_HOST_TO_DEVICE || kind > EXPANSE_COPY_DEVICE_TO_DEVICE)
-      fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_memcpy: unknown copy kind %d", int(kind));
+    const int32_t code = enum_code(kind);
+    if (code < EXPANSE_COPY_HOST_TO_DEVICE || code > EXPANSE_COPY_DEVICE_TO_DEVICE)
+      fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_memcpy: argument 'kind': unknown copy kind %d", code);
     char err[512] = {0};
     const expanse_status st = table_of(c).memory_copy(c.device, dst, src, bytes, kind, c.stream, err, sizeof(err));
     err[sizeof(err) - 1] = '\0';

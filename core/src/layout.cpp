@@ -17,6 +17,7 @@ int64_t binomial_checked(int64_t n, int64_t k) {
 }
 
 static int64_t power_checked(int64_t base, int32_t p) {
+  if (base <= 1) return base;  // also keeps a huge p from looping
   __int128 r = 1;
   for (int32_t i = 0; i < p; ++i) {
     r *= base;
@@ -25,12 +26,17 @@ static int64_t power_checked(int64_t base, int32_t p) {
   return static_cast<int64_t>(r);
 }
 
+// C(n + p - 1, p), the number of multisets of size p from n things; -1 on overflow.
+static int64_t multisets_checked(int64_t n, int32_t p) {
+  return n > INT64_MAX - (p - 1) ? -1 : binomial_checked(n + p - 1, p);
+}
+
 int64_t expanded_dim_checked(int32_t p, int64_t d, expanse_layout layout) {
   switch (layout.kind) {
-    case EXPANSE_LAYOUT_SYMPOW: return binomial_checked(d + p - 1, p);
+    case EXPANSE_LAYOUT_SYMPOW: return multisets_checked(d, p);
     case EXPANSE_LAYOUT_TENSOR: return power_checked(d, p);
     case EXPANSE_LAYOUT_TILED: {
-      const int64_t blocks = binomial_checked(d / layout.d_tile + p - 1, p);
+      const int64_t blocks = multisets_checked(d / layout.d_tile, p);
       const int64_t block = power_checked(layout.d_tile, p);
       if (blocks < 0 || block < 0) return -1;
       __int128 r = static_cast<__int128>(blocks) * block;

@@ -5,13 +5,15 @@
 #include <string>
 #include <vector>
 
+#include "codes.hpp"
 #include "errors.hpp"
 #include "layout.hpp"
+#include "op_table.hpp"
 
 namespace expanse::detail {
 namespace {
 
-constexpr unsigned bit(int dtype) { return 1u << dtype; }
+constexpr unsigned bit(int dtype) { return dtype >= 0 && dtype < 32 ? 1u << dtype : 0u; }
 constexpr unsigned kAnyFloat = bit(EXPANSE_F16) | bit(EXPANSE_BF16) | bit(EXPANSE_F32) | bit(EXPANSE_F64);
 constexpr unsigned kStateFloat = bit(EXPANSE_F32) | bit(EXPANSE_F64);
 
@@ -24,7 +26,7 @@ std::string shape_text(const expanse_tensor& t) {
 std::string dtype_list(unsigned mask) {
   std::string s;
   for (int d = EXPANSE_F16; d <= EXPANSE_F64; ++d)
-    if (mask & bit(d)) s += (s.empty() ? "" : " or ") + std::string(expanse_dtype_name(expanse_dtype(d)));
+    if (mask & bit(d)) s += (s.empty() ? "" : " or ") + std::string(dtype_name_of(d));
   return s;
 }
 
@@ -47,7 +49,7 @@ class checker {
     if (!t) error("argument '%s' is required but NULL", name);
     if (t->ndim < 0 || t->ndim > EXPANSE_MAX_DIMS)
       error("argument '%s': ndim must be in 0..%d, got %d", name, EXPANSE_MAX_DIMS, t->ndim);
-    if (expanse_dtype_size(expanse_dtype(t->dtype)) == 0)
+    if (dtype_size_of(t->dtype) == 0)
       error("argument '%s': unknown dtype code %d (expected f16, bf16, f32 or f64)", name, t->dtype);
     __int128 elements = 1, last_offset = 0;
     for (int i = 0; i < t->ndim; ++i) {
@@ -67,7 +69,7 @@ class checker {
               t->device_type, device_.device_type, device_.device_type == EXPANSE_DEVICE_CPU ? "CPU" : "GPU");
       if (device_.device_type != EXPANSE_DEVICE_CPU && t->device_id != device_.device_id)
         error("argument '%s' is on device %d, but the context uses device %d", name, t->device_id, device_.device_id);
-      const uintptr_t align = expanse_dtype_size(expanse_dtype(t->dtype));
+      const uintptr_t align = dtype_size_of(t->dtype);
       if (reinterpret_cast<uintptr_t>(t->data) % align != 0)
         error("argument '%s': data pointer is not aligned to its element size (%u bytes)", name, unsigned(align));
       if (output) check_no_self_overlap(name, *t);
@@ -94,21 +96,21 @@ class checker {
 
   void dtype(const char* name, const expanse_tensor& t, unsigned mask) const {
     if (!(mask & bit(t.dtype)))
-      error("argument '%s' has dtype %s, expected %s", name, expanse_dtype_name(expanse_dtype(t.dtype)),
+      error("argument '%s' has dtype %s, expected %s", name, dtype_name_of(t.dtype),
             dtype_list(mask).c_str());
   }
 
   void same_dtype(const char* name, const expanse_tensor& t, const char* other, const expanse_tensor& o) const {
     if (t.dtype != o.dtype)
-      error("argument '%s' has dtype %s, expected %s to match '%s'", name, expanse_dtype_name(expanse_dtype(t.dtype)),
-            expanse_dtype_name(expanse_dtype(o.dtype)), other);
+      error("argument '%s' has dtype %s, expected %s to match '%s'", name, dtype_name_of(t.dtype),
+            dtype_name_of(o.dtype), other);
   }
 
   // Output dtype: the given dtype, or f64 (the reference's oracle outputs).
   void output_dtype(const char* name, const expanse_tensor& t, int expected, const char* source) const {
     if (t.dtype != expected && t.dtype != EXPANSE_F64)
       error("argument '%s' has dtype %s, expected %s (the dtype of '%s') or f64", name,
-            expanse_dtype_name(expanse_dtype(t.dtype)), expanse_dtype_name(expanse_dtype(expected)), source);
+            dtype_name_of(t.dtype), dtype_name_of(expected), source);
   }
 
   int32_t degree(int32_t p, int32_t max_p) const {
@@ -165,7 +167,12 @@ class checker {
   device_requirement device_;
 };
 
-int64_t chunks(int64_t t, int64_t c) { return c > 0 ? (t + c - 1) / c : 0; }
+// The chunk size a problem runs with: `requested`, but a chunk longer than the sequence is one
+// chunk of t tokens (so no size below grows with the request: c may be anything up to INT64_MAX).
+int64_t chunk_within(int64_t t, int64_t requested) { return std::min(requested, std::max<int64_t>(t, 1)); }
+
+// ceil(t / c) without the overflow of (t + c - 1) / c.
+int64_t chunks(int64_t t, int64_t c) { return c > 0 ? t / c + (t % c != 0) : 0; }
 
 // q [b,t,hq,d], k [b,t,h,d], v [b,t,h,e], log_g [b,t,h]: fills b,t,hq,h,d,e and gating.
 void token_tensors(const checker& ck, const expanse_tensor* qp, const expanse_tensor* kp,
@@ -247,8 +254,8 @@ void state_tensors(const checker& ck, const char* sname, const expanse_tensor* s
     ck.dtype(zname, z, kStateFloat);
     for (int i = 0; i < r + 2; ++i) ck.dim(zname, z, i, s_shape[i], dim_name(i), "(state shape)");
     if (sp && z.dtype != sp->dtype)
-      ck.error("argument '%s' has dtype %s, expected %s to match '%s'", zname, expanse_dtype_name(expanse_dtype(z.dtype)),
-               expanse_dtype_name(expanse_dtype(sp->dtype)), sname);
+      ck.error("argument '%s' has dtype %s, expected %s to match '%s'", zname, dtype_name_of(z.dtype),
+               dtype_name_of(sp->dtype), sname);
     if (!sp) pr.state_dtype = z.dtype;
   }
 }
@@ -288,7 +295,7 @@ void validate_update_state(const expanse_update_state_args& a, checker& ck, vali
   token_tensors(ck, nullptr, a.k, a.v, a.log_g, pr);
   pr.p = ck.degree(a.p, 4);
   ck.positive("chunk_size", a.chunk_size);
-  pr.c = a.chunk_size;
+  pr.c = chunk_within(pr.t, a.chunk_size);
   pr.n = chunks(pr.t, pr.c);
   pr.layout = a.layout;
   pr.D = ck.expanded(pr.p, pr.d, a.layout);
@@ -340,14 +347,13 @@ void validate_intra_outputs(const checker& ck, const expanse_tensor* y, const ex
 
 void validate_query_state(const expanse_query_state_args& a, checker& ck, validated_op& out) {
   expanse_problem& pr = out.problem;
-  ck.tensor("q", a.q, false);  // required (token_tensors treats a missing q as a keys-only op)
   token_tensors(ck, a.q, nullptr, nullptr, nullptr, pr);
   pr.p = ck.degree(a.p, 4);
   ck.normalization(a.normalize, pr.p);
   pr.normalize = a.normalize;
   pr.scale = ck.scale(a.scale, pr.d);
   ck.positive("chunk_size", a.chunk_size);
-  pr.c = a.chunk_size;
+  pr.c = chunk_within(pr.t, a.chunk_size);
   pr.n = chunks(pr.t, pr.c);
   pr.layout = a.layout;
   pr.D = ck.expanded(pr.p, pr.d, a.layout);
@@ -379,21 +385,20 @@ void validate_query_state(const expanse_query_state_args& a, checker& ck, valida
 
 void validate_chunk_attention(const expanse_chunk_attention_args& a, checker& ck, validated_op& out) {
   expanse_problem& pr = out.problem;
-  ck.tensor("q", a.q, false);  // required (token_tensors treats a missing q as a keys-only op)
   token_tensors(ck, a.q, a.k, a.v, a.log_g, pr);
   pr.p = ck.degree(a.p, 4);
   pr.scale = ck.scale(a.scale, pr.d);
   if (a.chunk_size < 0) ck.error("chunk_size must be >= 0 (0: one chunk over the whole sequence), got %lld",
                                  (long long)a.chunk_size);
-  pr.c = a.chunk_size > 0 ? a.chunk_size : std::max<int64_t>(pr.t, 1);
+  pr.c = chunk_within(pr.t, a.chunk_size > 0 ? a.chunk_size : pr.t);
   pr.n = chunks(pr.t, pr.c);
   validate_intra_outputs(ck, a.y, a.l, a.rowmax, true, pr);
   pr.output_dtype = pr.state_dtype = a.y->dtype;
 }
 
-void validate_power_attention(const expanse_power_attention_args& a, checker& ck, validated_op& out) {
+void validate_power_attention(const expanse_power_attention_args& a, checker& ck, const device_requirement& device,
+                              validated_op& out) {
   expanse_problem& pr = out.problem;
-  ck.tensor("q", a.q, false);  // required (token_tensors treats a missing q as a keys-only op)
   token_tensors(ck, a.q, a.k, a.v, a.log_g, pr);
   pr.p = ck.degree(a.p, 4);
   ck.normalization(a.normalize, pr.p);
@@ -402,9 +407,6 @@ void validate_power_attention(const expanse_power_attention_args& a, checker& ck
   if (a.chunk_size < 0 && a.chunk_size != EXPANSE_CHUNK_AUTO)
     ck.error("chunk_size must be >= 0 (0: the quadratic form) or EXPANSE_CHUNK_AUTO (-1), got %lld",
              (long long)a.chunk_size);
-  const int64_t chunk = a.chunk_size == EXPANSE_CHUNK_AUTO ? expanse_auto_chunk_size(pr.t) : a.chunk_size;
-  pr.c = chunk > 0 ? chunk : std::max<int64_t>(pr.t, 1);
-  pr.n = chunks(pr.t, pr.c);
   pr.layout = a.layout;
   pr.D = ck.expanded(pr.p, pr.d, a.layout);
   if (a.initial_z && !a.initial_S) ck.error("argument 'initial_z' needs 'initial_S'");
@@ -421,6 +423,13 @@ void validate_power_attention(const expanse_power_attention_args& a, checker& ck
   token_shaped(ck, "o", a.o, {pr.b, pr.t, pr.hq, pr.e}, "[b,t,hq,e]");
   ck.output_dtype("o", *a.o, pr.input_dtype, "v");
   pr.output_dtype = a.o->dtype;
+  // The form and chunk size last: a backend's choice may look at every other field.
+  out.chunk_size = a.chunk_size == EXPANSE_CHUNK_AUTO ? device.choose_chunk_size(&pr) : a.chunk_size;
+  if (out.chunk_size < 0)
+    fail(EXPANSE_ERROR_INTERNAL, "power_attention: the backend chose chunk size %lld for EXPANSE_CHUNK_AUTO",
+         (long long)out.chunk_size);
+  pr.c = chunk_within(pr.t, out.chunk_size > 0 ? out.chunk_size : pr.t);
+  pr.n = chunks(pr.t, pr.c);
 }
 
 // Adds the token axis to a [b,heads,dim] (or [b,heads]) tensor of a decoding step.
@@ -451,14 +460,10 @@ void validate_power_attention_step(const expanse_power_attention_step_args& a, c
   expanse_problem& pr = out.problem;
   expanse_power_attention_step_args& s = out.step_args;
   s = a;
-  ck.tensor("q", a.q, false);
-  ck.tensor("k", a.k, false);
-  ck.tensor("v", a.v, false);
   s.q = with_token_axis(ck, "q", a.q, 3, out.step_tensors[0]);
   s.k = with_token_axis(ck, "k", a.k, 3, out.step_tensors[1]);
   s.v = with_token_axis(ck, "v", a.v, 3, out.step_tensors[2]);
   s.log_g = with_token_axis(ck, "log_g", a.log_g, 2, out.step_tensors[3]);
-  if (!a.o) ck.error("argument 'o' is required but NULL");
   s.o = const_cast<expanse_tensor*>(with_token_axis(ck, "o", a.o, 3, out.step_tensors[4]));
   token_tensors(ck, s.q, s.k, s.v, s.log_g, pr);
   pr.p = ck.degree(a.p, 4);
@@ -469,7 +474,6 @@ void validate_power_attention_step(const expanse_power_attention_step_args& a, c
   pr.D = ck.expanded(pr.p, pr.d, a.layout);
   pr.c = 1;
   pr.n = 1;
-  if (!a.S) ck.error("argument 'S' (the state updated in place) is required but NULL");
   if (a.normalize && !a.z) ck.error("argument 'z' is required when normalize=1");
   state_tensors(ck, "S", a.S, "z", a.z, true, {pr.b}, "[b,h,D,e]", "[b,h,D]", pr);
   pr.has_initial_state = pr.want_final_state = 1;
@@ -479,15 +483,56 @@ void validate_power_attention_step(const expanse_power_attention_step_args& a, c
   out.args = &out.step_args;
 }
 
+// Byte range [first, last) of a tensor's elements; empty for a tensor without elements.
+struct byte_range {
+  uintptr_t first = 0, last = 0;
+};
+
+byte_range bytes_of(const expanse_tensor& t) {
+  int64_t last_offset = 0;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] == 0) return {};
+    last_offset += t.strides[i] * (t.shape[i] - 1);  // bounded by validation (tensor())
+  }
+  const uintptr_t first = reinterpret_cast<uintptr_t>(t.data);
+  return {first, first + static_cast<uintptr_t>(last_offset + 1) * dtype_size_of(t.dtype)};
+}
+
+// An output (or in-place argument) shares no memory with any other argument: the library writes
+// outputs while it still reads the inputs, and one output's writes would corrupt another's. The
+// check is on byte ranges (first to last element), so interleaved views of one buffer are refused
+// too, as "may overlap".
+void check_no_overlap(const checker& ck, const op_tensor_table& table, const void* args) {
+  for (int32_t i = 0; i < table.count; ++i) {
+    const expanse_tensor_arg_info& out = table.args[i];
+    const expanse_tensor* o = tensor_at(args, out);
+    if (out.role == EXPANSE_ARG_INPUT || !o) continue;
+    const byte_range ro = bytes_of(*o);
+    if (ro.first == ro.last) continue;
+    for (int32_t j = 0; j < table.count; ++j) {
+      const expanse_tensor_arg_info& other = table.args[j];
+      const expanse_tensor* t = tensor_at(args, other);
+      if (j == i || !t || (other.role != EXPANSE_ARG_INPUT && j < i)) continue;  // each pair of outputs once
+      const byte_range rt = bytes_of(*t);
+      if (rt.first < ro.last && ro.first < rt.last)
+        ck.error("argument '%s' overlaps argument '%s' in memory: %s must not share memory with any other "
+                 "argument", out.name, other.name, out.role == EXPANSE_ARG_IN_OUT ? "a state updated in place" : "an output");
+    }
+  }
+}
+
 }  // namespace
 
-void validate_op(expanse_op_kind kind, const void* args, device_requirement device, validated_op& out) {
+void validate_op(int32_t kind, const void* args, const device_requirement& device, validated_op& out) {
   out = validated_op{};
   out.args = args;
-  if (kind < 0 || kind >= EXPANSE_OP_COUNT)
-    fail(EXPANSE_ERROR_INVALID_ARGUMENT, "unknown operation kind %d", int(kind));
-  checker ck(expanse_op_name(kind), device);
+  const op_tensor_table* table = op_tensors(kind);
+  if (!table) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "unknown operation kind %d", kind);
+  checker ck(expanse_op_name(static_cast<expanse_op_kind>(kind)), device);
   if (!args) ck.error("argument 'args' is NULL");
+  for (int32_t i = 0; i < table->count; ++i)
+    if (table->args[i].required && !tensor_at(args, table->args[i]))
+      ck.error("argument '%s' is required but NULL", table->args[i].name);
   switch (kind) {
     case EXPANSE_OP_SYMPOW_EXPAND:
       validate_sympow_expand(*static_cast<const expanse_sympow_expand_args*>(args), ck, out); break;
@@ -500,11 +545,11 @@ void validate_op(expanse_op_kind kind, const void* args, device_requirement devi
     case EXPANSE_OP_CHUNK_ATTENTION:
       validate_chunk_attention(*static_cast<const expanse_chunk_attention_args*>(args), ck, out); break;
     case EXPANSE_OP_POWER_ATTENTION:
-      validate_power_attention(*static_cast<const expanse_power_attention_args*>(args), ck, out); break;
+      validate_power_attention(*static_cast<const expanse_power_attention_args*>(args), ck, device, out); break;
     case EXPANSE_OP_POWER_ATTENTION_STEP:
       validate_power_attention_step(*static_cast<const expanse_power_attention_step_args*>(args), ck, out); break;
-    case EXPANSE_OP_COUNT: break;
   }
+  check_no_overlap(ck, *table, args);
 }
 
 }  // namespace expanse::detail

@@ -9,6 +9,9 @@ namespace expanse::detail {
 struct device_requirement {
   int32_t device_type;  // tensors must live here
   int32_t device_id;    // checked for non-CPU devices
+  // power_attention's chunk size for EXPANSE_CHUNK_AUTO (the backend's rule); sees every field of
+  // the problem but c and n.
+  int64_t (*choose_chunk_size)(const expanse_problem* problem);
 };
 
 struct validated_op {
@@ -17,10 +20,12 @@ struct validated_op {
   // power_attention_step accepts [b,hq,d] and [b,1,hq,d]; backends always see the rank-4 form.
   expanse_power_attention_step_args step_args{};
   expanse_tensor step_tensors[7]{};
+  // power_attention: the chunk size it runs with (EXPANSE_CHUNK_AUTO resolved; 0: quadratic).
+  int64_t chunk_size = 0;
 };
 
 // Throws api_error(EXPANSE_ERROR_INVALID_ARGUMENT) naming the argument and the expected value.
-void validate_op(expanse_op_kind kind, const void* args, device_requirement device,
-                 validated_op& out);
+// `kind` is the caller's integer code of an expanse_op_kind (checked here).
+void validate_op(int32_t kind, const void* args, const device_requirement& device, validated_op& out);
 
 }  // namespace expanse::detail

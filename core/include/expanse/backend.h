@@ -79,6 +79,12 @@ typedef struct expanse_backend {
 
 typedef const expanse_backend* (*expanse_backend_entry_fn)(void);
 
+/* Optional extras a backend may return from get_proc_address: */
+/* "expanse_choose_chunk_size": power_attention's chunk size for EXPANSE_CHUNK_AUTO on this backend
+ * (0: the quadratic form). The problem has every field set but c and n. */
+typedef int64_t (*expanse_choose_chunk_size_fn)(const expanse_problem* problem);
+#define EXPANSE_CHOOSE_CHUNK_SIZE_PROC "expanse_choose_chunk_size"
+
 #if defined(_WIN32)
 #  define EXPANSE_BACKEND_EXPORT __declspec(dllexport)
 #else

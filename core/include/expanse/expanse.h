@@ -109,6 +109,28 @@ typedef enum expanse_op_kind {
 
 EXPANSE_API const char* expanse_op_name(expanse_op_kind op);
 
+/* Each operation's tensor arguments, as a table: the fields of its *_args struct that hold tensors,
+ * in declaration order. Error messages name arguments by these names; tools (the CLI, the Python
+ * package, the fuzzers, the tests) walk the table instead of spelling out every op. */
+typedef enum expanse_arg_role {
+  EXPANSE_ARG_INPUT = 0,  /* read only (const expanse_tensor*) */
+  EXPANSE_ARG_OUTPUT = 1, /* written (expanse_tensor*) */
+  EXPANSE_ARG_IN_OUT = 2, /* read and updated in place (power_attention_step's S and z) */
+} expanse_arg_role;
+
+typedef struct expanse_tensor_arg_info {
+  const char* name; /* the struct field's name */
+  size_t offset;    /* offsetof(the op's *_args struct, that field): a pointer to an expanse_tensor */
+  int32_t role;     /* expanse_arg_role */
+  int32_t required; /* 1: must not be NULL. 0: optional (some are needed with other arguments, e.g.
+                       z with normalize=1; validation says which) */
+} expanse_tensor_arg_info;
+
+/* Sets *args to op's table and returns its length; -1 (and *args = NULL) for an unknown op. */
+EXPANSE_API int32_t expanse_op_tensor_args(expanse_op_kind op, const expanse_tensor_arg_info** args);
+/* sizeof the op's *_args struct; 0 for an unknown op. */
+EXPANSE_API size_t expanse_op_args_size(expanse_op_kind op);
+
 /* Optional tensors are NULL when absent. Token tensors are [b,t,heads,dim]. Every *_args struct has
  * an _init function that sets the defaults; always call it first. */
 
@@ -175,15 +197,19 @@ typedef struct expanse_chunk_attention_args {
   int64_t chunk_size;
 } expanse_chunk_attention_args;
 
-/* chunk_size of power_attention: let the library choose by shape (expanse_auto_chunk_size). */
+/* chunk_size of power_attention: the default (set by expanse_power_attention_args_init). The
+ * context's backend picks the form and the chunk size by the problem's shape (the cuda backend by
+ * measurements on the H100, docs/performance.md); a backend without its own rule uses
+ * expanse_auto_chunk_size(t). An explicit chunk size always wins. */
 #define EXPANSE_CHUNK_AUTO (-1)
-/* The chunk size EXPANSE_CHUNK_AUTO picks for t tokens: 0 (the quadratic form) up to t = 4096, else
- * 1024. Measured on the H100 with the cuda backend at config P1 (docs/performance.md): quadratic is
- * fastest at t <= 4096, and c = 1024 beat 256, 512 and 2048 at t = 16384 and 65536. */
+/* The rule for backends without their own: 0 (the quadratic form) up to t = 4096, else 1024. */
 EXPANSE_API int64_t expanse_auto_chunk_size(int64_t t);
 
-/* Gated power attention. chunk_size 0 means the quadratic form, EXPANSE_CHUNK_AUTO a choice by shape. initial_S/initial_z [b,h,D,e]/[b,h,D]
- * and final_S/final_z (written when non-NULL) use `layout`. */
+/* Gated power attention. chunk_size: EXPANSE_CHUNK_AUTO (the default) lets the backend choose, 0
+ * means the quadratic form, c >= 1 the chunked algorithm with chunks of c tokens (a chunk longer
+ * than the sequence is one chunk). log_g = -inf at a token is a reset: the state before it
+ * contributes nothing to that token and the ones after (docs/spec.md). initial_S/initial_z
+ * [b,h,D,e]/[b,h,D] and final_S/final_z (written when non-NULL) use `layout`. */
 typedef struct expanse_power_attention_args {
   const expanse_tensor* q;
   const expanse_tensor* k;
@@ -271,6 +297,12 @@ EXPANSE_API expanse_status expanse_context_set_stream(expanse_context* ctx, void
 /* Caller-owned device memory the operations may use as scratch; see expanse_workspace_size. */
 EXPANSE_API expanse_status expanse_context_set_workspace(expanse_context* ctx, void* workspace,
                                                          size_t bytes);
+/* Opt-in check of the inputs' values (off by default): before an operation runs, every floating
+ * input is scanned, and a NaN or an infinity (other than -inf in log_g or discumsum's A, which is a
+ * reset) gives EXPANSE_ERROR_INVALID_ARGUMENT naming the argument and the index of its first
+ * non-finite element. Without it, non-finite inputs give non-finite outputs and no error. It reads
+ * every input once more; on a GPU it copies the inputs to the host and synchronizes the stream. */
+EXPANSE_API expanse_status expanse_context_set_check_finite(expanse_context* ctx, int32_t enabled);
 
 /* Whether the context's backend implements this problem; when not, the reason is written to
  * `reason` (may be NULL) and EXPANSE_ERROR_UNSUPPORTED is returned. Invalid input gives
@@ -279,6 +311,12 @@ EXPANSE_API expanse_status expanse_supports(expanse_context* ctx, expanse_op_kin
                                             const void* args, char* reason, size_t reason_len);
 EXPANSE_API expanse_status expanse_workspace_size(expanse_context* ctx, expanse_op_kind op,
                                                   const void* args, size_t* bytes);
+/* The chunk size power_attention runs with for this problem on this context: chunk_size itself when
+ * it is >= 0, else the backend's choice (0 means the quadratic form); validates like
+ * expanse_power_attention. */
+EXPANSE_API expanse_status expanse_resolved_chunk_size(expanse_context* ctx,
+                                                       const expanse_power_attention_args* a,
+                                                       int64_t* chunk_size);
 /* Validates, then runs `op` (args points to the op's *_args struct) on the context's stream. */
 EXPANSE_API expanse_status expanse_run(expanse_context* ctx, expanse_op_kind op, const void* args);
 

@@ -150,6 +150,8 @@ class context {
   std::string backend() const { return expanse_context_backend(ctx_); }
   expanse_device_type device_type() const { return expanse_device_type(expanse_context_device_type(ctx_)); }
   void set_stream(void* stream) { check(expanse_context_set_stream(ctx_, stream)); }
+  // Refuse NaN and infinities in inputs, naming the argument and index (expanse_context_set_check_finite).
+  void set_check_finite(bool enabled) { check(expanse_context_set_check_finite(ctx_, enabled ? 1 : 0)); }
   // Use caller-owned scratch memory; run() then never allocates.
   void set_workspace(void* workspace, size_t bytes) {
     workspace_ = device_buffer();
