@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include <tbb/blocked_range.h>
@@ -36,29 +37,46 @@ inline int64_t kv_head_of(const expanse_problem& pb, int64_t query_head) {
   return query_head / (pb.hq / pb.h);
 }
 
-// Inclusive prefix sums G_i = x_0 + ... + x_i kept as an unevaluated sum hi_i + lo_i (hi is the
-// ordinary running sum, lo collects its exact rounding errors via TwoSum). This makes the gate
-// differences G_i - G_j accurate to a few ulps of the *difference*, even when |G| is large (long
-// sequences) and i, j are close, which is where exp(G_i - G_j) matters. (Needs IEEE arithmetic:
-// the library is not built with -ffast-math.)
+// Inclusive prefix sums G_i = x_0 + ... + x_i of log gates, for the decays exp(G_i - G_j) (the
+// product of the gates j+1 .. i).
+//  * Each sum is kept as an unevaluated sum hi_i + lo_i (hi is the ordinary running sum, lo collects
+//    its exact rounding errors via TwoSum). This makes the gate differences G_i - G_j accurate to a
+//    few ulps of the *difference*, even when |G| is large (long sequences) and i, j are close, which
+//    is where exp(G_i - G_j) matters. (Needs IEEE arithmetic: the library is not built with
+//    -ffast-math.)
+//  * x_r = -inf is a reset (docs/spec.md): every decay across it is exactly 0, and the ones after it
+//    are sums from r + 1 on. So the running sum restarts at each reset, and a difference G_i - G_j is
+//    -inf when a reset lies in (j, i], else the difference of the restarted sums (never -inf - -inf).
 class PrefixSum {
  public:
-  explicit PrefixSum(const Vector& x) : hi_(x.size()), lo_(x.size()) {
+  explicit PrefixSum(const Vector& x) : hi_(x.size()), lo_(x.size()), last_reset_(x.size()) {
     double hi = 0.0, lo = 0.0;
+    int64_t last_reset = -1;  // none yet
     for (int64_t i = 0; i < x.size(); ++i) {
-      const double s = hi + x(i);
-      const double bb = s - hi;
-      lo += (hi - (s - bb)) + (x(i) - bb);  // TwoSum: exact error of hi + x(i)
-      hi = s;
+      if (x(i) == -std::numeric_limits<double>::infinity()) {
+        hi = lo = 0.0;
+        last_reset = i;
+      } else {
+        const double s = hi + x(i);
+        const double bb = s - hi;
+        lo += (hi - (s - bb)) + (x(i) - bb);  // TwoSum: exact error of hi + x(i)
+        hi = s;
+      }
       hi_[i] = hi;
       lo_[i] = lo;
+      last_reset_[i] = last_reset;
     }
   }
   int64_t size() const { return static_cast<int64_t>(hi_.size()); }
-  // G_i.
-  double at(int64_t i) const { return hi_[i] + lo_[i]; }
-  // G_i - G_j.
-  double diff(int64_t i, int64_t j) const { return (hi_[i] - hi_[j]) + (lo_[i] - lo_[j]); }
+  // G_i (-inf from the first reset on).
+  double at(int64_t i) const {
+    return last_reset_[i] >= 0 ? -std::numeric_limits<double>::infinity() : hi_[i] + lo_[i];
+  }
+  // G_i - G_j for j <= i.
+  double diff(int64_t i, int64_t j) const {
+    if (last_reset_[i] > j) return -std::numeric_limits<double>::infinity();
+    return (hi_[i] - hi_[j]) + (lo_[i] - lo_[j]);
+  }
   // The total G_{n-1} (0 for an empty sequence).
   double total() const { return hi_.empty() ? 0.0 : at(size() - 1); }
   // G_last - G_j: the decay from token j to the end of the range.
@@ -66,6 +84,7 @@ class PrefixSum {
 
  private:
   std::vector<double> hi_, lo_;
+  std::vector<int64_t> last_reset_;  // the last reset at or before i, -1 for none
 };
 
 // Normalized output: o_i = num_i / den_i, and o_i = 0 where den_i is exactly 0 (SPEC.md).

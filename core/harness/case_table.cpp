@@ -152,6 +152,35 @@ std::vector<op_config> standard_cases() {
     cases.push_back(c);
   }
 
+  // Resets (log_g = -inf, about one token in six): every op that reads gates, the small shapes and
+  // the GPU fast paths' shapes, quadratic and chunked, with states in and out.
+  {
+    const fast reset_cases[] = {
+        {EXPANSE_OP_UPDATE_STATE, EXPANSE_F32, 2, 8, 5, 45, 16, kSympow},
+        {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
+        {EXPANSE_OP_DISCUMSUM, EXPANSE_F32, 2, 6, 10, 70, 16, kSympow},
+        {EXPANSE_OP_QUERY_STATE, EXPANSE_F32, 2, 8, 12, 50, 16, tiled(4)},
+        {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
+        {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_F32, 3, 12, 7, 41, 16, kSympow},
+        {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_BF16, 2, 64, 64, 300, 0, tiled(8)},
+        {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F32, 2, 8, 6, 37, 0, kSympow},
+        {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F32, 2, 8, 6, 37, 16, kSympow},
+        {EXPANSE_OP_POWER_ATTENTION, EXPANSE_BF16, 2, 64, 64, 600, 128, tiled(8)},
+        {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F16, 2, 64, 64, 333, 0, kSympow},
+        {EXPANSE_OP_POWER_ATTENTION_STEP, EXPANSE_F32, 2, 8, 6, 1, 0, kSympow},
+    };
+    for (const fast& f : reset_cases) {
+      op_config c = base(f.op);
+      c.dtype = f.dt; c.p = f.p; c.d = f.d; c.e = f.e; c.t = f.t; c.c = f.c; c.layout = f.layout;
+      c.b = 2; c.hq = 4; c.h = 2;
+      c.gated = c.resets = true;
+      c.normalize = f.p % 2 == 0;
+      c.intra = f.op == EXPANSE_OP_QUERY_STATE;
+      c.initial_state = c.final_state = f.op == EXPANSE_OP_POWER_ATTENTION;
+      cases.push_back(c);
+    }
+  }
+
   // power_attention_step.
   for (int p = 1; p <= 4; ++p) {
     op_config c = base(EXPANSE_OP_POWER_ATTENTION_STEP);

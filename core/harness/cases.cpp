@@ -25,13 +25,17 @@ host_tensor normal_tensor(expanse_dtype dtype, std::vector<int64_t> shape, std::
   return t;
 }
 
-// log_g = logsigmoid(noise): the gating of PERFORMANCE.md's configurations (all decays < 1).
-host_tensor log_gate_tensor(expanse_dtype dtype, std::vector<int64_t> shape, std::mt19937_64& rng) {
+// log_g = logsigmoid(noise): the gating of docs/performance.md's configurations (all decays < 1).
+// With `resets`, about one gate in six is exactly 0 (log_g = -inf): a reset.
+host_tensor log_gate_tensor(expanse_dtype dtype, std::vector<int64_t> shape, std::mt19937_64& rng,
+                            bool resets = false) {
   host_tensor t = host_tensor::zeros(dtype, std::move(shape));
   std::normal_distribution<double> dist(1.0, 1.0);
+  std::uniform_int_distribution<int> die(0, 5);
   for (int64_t i = 0; i < t.numel(); ++i) {
     const double x = dist(rng);
-    t.set(i, -std::log1p(std::exp(-x)));
+    const bool reset = resets && die(rng) == 0;
+    t.set(i, reset ? -std::numeric_limits<double>::infinity() : -std::log1p(std::exp(-x)));
   }
   return t;
 }
@@ -56,7 +60,7 @@ void random_state(const op_config& cfg, std::mt19937_64& rng, host_tensor& S, ho
   in["q"] = normal_tensor(EXPANSE_F64, {cfg.b, prefix.t, cfg.h, cfg.d}, rng);
   in["k"] = normal_tensor(EXPANSE_F64, {cfg.b, prefix.t, cfg.h, cfg.d}, rng);
   in["v"] = normal_tensor(EXPANSE_F64, {cfg.b, prefix.t, cfg.h, cfg.e}, rng);
-  if (cfg.gated) in["log_g"] = log_gate_tensor(EXPANSE_F64, {cfg.b, prefix.t, cfg.h}, rng);
+  if (cfg.gated) in["log_g"] = log_gate_tensor(EXPANSE_F64, {cfg.b, prefix.t, cfg.h}, rng, cfg.resets);
   prefix.gated = cfg.gated;
   tensor_map out = naive::run(prefix, in);
   S = cast(out.at("S"), state_dtype(cfg));
@@ -68,11 +72,13 @@ void random_state(const op_config& cfg, std::mt19937_64& rng, host_tensor& S, ho
 std::string op_config::label() const {
   std::ostringstream s;
   s << expanse_op_name(op) << " --b " << b << " --t " << t << " --hq " << hq << " --h " << h << " --d " << d
-    << " --e " << e << " --p " << p << " --chunk " << c << " --layout "
+    << " --e " << e << " --p " << p << " --chunk "
+    << (c == EXPANSE_CHUNK_AUTO ? std::string("auto") : std::to_string(c)) << " --layout "
     << (layout.kind == EXPANSE_LAYOUT_TILED ? "tiled:" + std::to_string(layout.d_tile)
                                             : layout.kind == EXPANSE_LAYOUT_TENSOR ? "tensor" : "sympow")
     << " --dtype " << expanse_dtype_name(dtype) << " --gated " << gated << " --normalize " << normalize
     << " --initial-state " << initial_state << " --final-state " << final_state << " --intra " << intra;
+  if (resets) s << " --resets 1";
   if (scale != 0.0) s << " --scale " << scale;
   return s.str();
 }
@@ -86,7 +92,7 @@ tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent) {
     if (with_q) in["q"] = normal_tensor(dt, {cfg.b, cfg.t, cfg.hq, cfg.d}, rng);
     in["k"] = normal_tensor(dt, {cfg.b, cfg.t, cfg.h, cfg.d}, rng);
     in["v"] = normal_tensor(dt, {cfg.b, cfg.t, cfg.h, cfg.e}, rng);
-    if (cfg.gated) in["log_g"] = log_gate_tensor(st, {cfg.b, cfg.t, cfg.h}, rng);
+    if (cfg.gated) in["log_g"] = log_gate_tensor(st, {cfg.b, cfg.t, cfg.h}, rng, cfg.resets);
   };
   switch (cfg.op) {
     case EXPANSE_OP_SYMPOW_EXPAND:
@@ -97,7 +103,7 @@ tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent) {
       break;
     case EXPANSE_OP_DISCUMSUM:
       in["X"] = normal_tensor(dt, {cfg.b, n, cfg.h, cfg.d, cfg.e}, rng);
-      in["A"] = log_gate_tensor(st, {cfg.b, n, cfg.h}, rng);
+      in["A"] = log_gate_tensor(st, {cfg.b, n, cfg.h}, rng, cfg.resets);
       if (cfg.initial_state) in["Y_init"] = normal_tensor(dt, {cfg.b, cfg.h, cfg.d, cfg.e}, rng);
       break;
     case EXPANSE_OP_QUERY_STATE: {
@@ -175,7 +181,7 @@ tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent) {
       in["q"] = normal_tensor(dt, {cfg.b, cfg.hq, cfg.d}, rng);
       in["k"] = normal_tensor(dt, {cfg.b, cfg.h, cfg.d}, rng);
       in["v"] = normal_tensor(dt, {cfg.b, cfg.h, cfg.e}, rng);
-      if (cfg.gated) in["log_g"] = log_gate_tensor(st, {cfg.b, cfg.h}, rng);
+      if (cfg.gated) in["log_g"] = log_gate_tensor(st, {cfg.b, cfg.h}, rng, cfg.resets);
       host_tensor S, z;
       random_state(cfg, rng, S, z);
       in["S"] = S;

@@ -27,10 +27,12 @@ struct op_config {
   expanse_op_kind op = EXPANSE_OP_POWER_ATTENTION;
   int64_t b = 1, t = 64, hq = 2, h = 2, d = 16, e = 16;
   int32_t p = 2;
-  int64_t c = 0;  // chunk size; 0 = quadratic / whole sequence where allowed
+  int64_t c = 0;  // chunk size; 0 = quadratic / whole sequence where allowed; power_attention also
+                  // EXPANSE_CHUNK_AUTO (the library's choice)
   expanse_layout layout{EXPANSE_LAYOUT_SYMPOW, 0};
   expanse_dtype dtype = EXPANSE_F32;  // of the token inputs
   bool gated = true;
+  bool resets = false;         // with gating: some gates exactly 0 (log_g = -inf), resets (docs/spec.md)
   bool normalize = true;
   bool initial_state = false;  // power_attention S0/z0, discumsum Y_init
   bool final_state = false;    // power_attention S/z outputs

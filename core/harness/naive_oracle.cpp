@@ -155,6 +155,13 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
     }
     return Gc;
   };
+  // The log of the decay from token j to token i (j <= i): the sum of log_g over (j, i], straight from
+  // the definition, so that a reset (log_g = -inf) in between makes it -inf and nothing else does.
+  auto log_decay = [&](int64_t bi, int64_t hi, int64_t j, int64_t i) {
+    real sum = 0;
+    for (int64_t l = j + 1; l <= i; ++l) sum += logg(bi, l, hi);
+    return sum;
+  };
 
   tensor_map out;
   switch (cfg.op) {
@@ -174,13 +181,11 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
       std::vector<real> S(static_cast<size_t>(b * n * h * D * e), 0.0), z(static_cast<size_t>(b * n * h * D), 0.0);
       for (int64_t bi = 0; bi < b; ++bi)
         for (int64_t hi = 0; hi < h; ++hi) {
-          const std::vector<real> Gc = chunk_cumsum(bi, hi, c);
           for (int64_t m = 0; m < n; ++m) {
             const int64_t first = m * c, last = std::min(t, first + c) - 1;
-            const real A = Gc[static_cast<size_t>(last)];
             const int64_t so = ((bi * n + m) * h + hi) * D;
             for (int64_t j = first; j <= last; ++j) {
-              const real w = std::exp(A - Gc[static_cast<size_t>(j)]);
+              const real w = std::exp(log_decay(bi, hi, j, last));  // exp(A_m - Gc_j)
               const std::vector<real> fk = phi_ext(in.vec("k", koff(bi, j, hi), d), p, cfg.layout);
               const std::vector<real> vj = in.vec("v", voff(bi, j, hi), e);
               for (int64_t x = 0; x < D; ++x) {
@@ -265,7 +270,6 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
       for (int64_t bi = 0; bi < b; ++bi)
         for (int64_t qi = 0; qi < hq; ++qi) {
           const int64_t hi = qi / r;
-          const std::vector<real> Gc = chunk_cumsum(bi, hi, c);
           for (int64_t ti = 0; ti < t; ++ti) {
             const int64_t first = (ti / c) * c;
             const std::vector<real> qv = scaled(in.vec("q", qoff(bi, ti, qi), d), scale);
@@ -275,9 +279,9 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
             for (int64_t j = first; j <= ti; ++j) {
               const real qk = dot(qv, in.vec("k", koff(bi, j, hi), d));
               real sc = -INFINITY, sg = 0;
-              if (qk != 0.0) {
+              if (qk != 0.0) sc = p * std::log(std::fabs(qk)) + log_decay(bi, hi, j, ti);  // + Gc_i - Gc_j
+              if (sc != -INFINITY) {  // a zero dot, or a reset in between: no term
                 any = true;
-                sc = p * std::log(std::fabs(qk)) + Gc[static_cast<size_t>(ti)] - Gc[static_cast<size_t>(j)];
                 sg = (qk < 0 && p % 2 == 1) ? -1.0 : 1.0;
                 rowmax = std::max(rowmax, sc);
               }
