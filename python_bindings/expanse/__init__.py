@@ -1,6 +1,6 @@
 """expanse: power attention and gated chunked linear attention, over the expanse C++ library.
 
-The functions mirror the library's operations (SPEC.md) with the argument names of FLA and
+The functions mirror the library's operations (docs/spec.md) with the argument names of FLA and
 retention. Token tensors are sequence-major: q [b, t, hq, d], k [b, t, h, d], v [b, t, h, e],
 log_g [b, t, h]; states S [b, h, D, e] and z [b, h, D], where D is the expanded dimension of the
 symmetric power feature map phi (C(d+p-1, p) in the default 'sympow' layout).
@@ -8,13 +8,14 @@ symmetric power feature map phi (C(d+p-1, p) in the default 'sympow' layout).
 Arrays are numpy arrays or DLPack tensors (PyTorch, CuPy, JAX), used in place without copies, with
 any non-negative strides; CUDA tensors stay on their device and run on the framework's current
 stream. Results come back in the framework of the first array argument. Inputs are float16,
-bfloat16 or float32 (float64 on the reference backend); states are float32 (float64 for float64
-inputs).
+bfloat16 or float32 (float64 on the reference backend); states are float32 for float16, bfloat16 and
+float32 inputs and float64 for float64 inputs, on every backend. Forward only: torch tensors that
+require grad are refused while gradients are enabled (pass x.detach()).
 
     >>> import numpy as np, expanse
     >>> rng = np.random.default_rng(0)
     >>> q, k, v = (rng.standard_normal((2, 256, 4, 32), dtype=np.float32) for _ in range(3))
-    >>> o = expanse.power_attention(q, k, v, p=2)                     # o: [2, 256, 4, 32] float32
+    >>> o = expanse.power_attention(q, k, v, p=2)                     # o: [2, 256, 4, 32] float32; form chosen by t
     >>> o, (S, z) = expanse.power_attention(q, k, v, chunk_size=64, output_final_state=True)
     >>> [b.name for b in expanse.backends() if b.available]
     ['reference']
@@ -23,13 +24,19 @@ inputs).
 
 Operations: power_attention, power_attention_step, sympow_expand, update_state, discumsum,
 query_state, chunk_attention. Backends: backends(), devices(), set_default_backend(). Validation
-against the reference: check().
+against the reference (and of the reference against a naive oracle): check().
 
-Errors: TypeError for arguments that are not arrays (or of an unsupported dtype), ValueError
-(expanse.InvalidArgumentError) for bad shapes, dtypes, devices or parameters, NotImplementedError
-(expanse.UnsupportedError) when the backend does not implement a problem, RuntimeError
-(expanse.BackendError) for a missing or unavailable backend; the messages are the library's and
-name the offending argument.
+Non-finite inputs (NaN, or an infinity other than -inf in log_g, which is a reset) give non-finite
+outputs and no error, unless the finite check is on: check_finite=True on a call, or
+set_check_finite(True) for the process; then the call raises expanse.InvalidArgumentError naming the
+first non-finite input and the index of the element.
+
+Errors: TypeError for arguments that are not arrays (or of an unsupported dtype) and for scalars of
+the wrong type; ValueError (expanse.InvalidArgumentError) for every bad value: shapes, dtypes,
+devices, p, layout, chunk_size, scale, out-of-range integers; NotImplementedError
+(expanse.UnsupportedError, also a RuntimeError) when the backend does not implement a problem or a
+torch input requires grad; RuntimeError (expanse.BackendError) for a missing or unavailable backend.
+The messages name the operation and the offending argument.
 """
 
 from . import _expanse
@@ -40,6 +47,7 @@ from ._backends import (BackendInfo, DeviceInfo, available_backends, backends, d
 from ._ops import (chunk_attention, discumsum, power_attention, power_attention_step, query_state,
                    sympow_expand, update_state)
 from ._check import CheckResult, TOLERANCES, check
+from ._finite import get_check_finite, set_check_finite
 
 __version__ = _expanse.version()
 
@@ -52,15 +60,18 @@ def expanded_dim(d: int, p: int = 2, layout: str = "sympow") -> int:
     2080
     """
     from . import _params
-    lay = _params.layout("expanded_dim", layout)
-    return _expanse.expanded_dim(_params.integer("expanded_dim", "p", p), _params.integer("expanded_dim", "d", d),
-                                 lay[0], lay[1])
+    op = "expanded_dim"
+    p = _params.integer(op, "p", p, bounds=_params.INT32, expected=">= 1")
+    d = _params.integer(op, "d", d, expected=">= 1")
+    lay = _params.layout(op, layout)
+    return _expanse.expanded_dim(p, d, lay[0], lay[1])
 
 
 __all__ = [
     "power_attention", "power_attention_step", "sympow_expand", "update_state", "discumsum", "query_state",
     "chunk_attention", "expanded_dim",
     "backends", "available_backends", "devices", "set_default_backend", "get_default_backend",
+    "set_check_finite", "get_check_finite",
     "BackendInfo", "DeviceInfo",
     "check", "CheckResult", "TOLERANCES",
     "ExpanseError", "InvalidArgumentError", "UnsupportedError", "BackendError", "OutOfMemoryError",

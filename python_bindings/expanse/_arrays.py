@@ -15,6 +15,7 @@ import sys
 import numpy as np
 
 from . import _expanse
+from ._errors import InvalidArgumentError, UnsupportedError
 
 # DLPack device codes, which the C ABI uses too (expanse_device_type).
 CPU, CUDA, ROCM = 1, 2, 10
@@ -97,10 +98,17 @@ class _Torch:
         if x.dtype not in _Torch._dtypes():
             raise _dtype_error(op, name, x.dtype)
         if x.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{op}: argument '{name}' is on device '{x.device}', for which expanse has no backend")
-        # Forward only: expanse records no autograd graph. detach() is a view (same memory), and
-        # DLPack refuses tensors that require grad.
-        return x.detach() if x.requires_grad else x
+            raise InvalidArgumentError(f"{op}: argument '{name}' is on device '{x.device}', for which expanse "
+                                       "has no backend")
+        if not x.requires_grad:
+            return x
+        torch = sys.modules["torch"]
+        # Forward only: expanse records no autograd graph, so a result computed from a tensor that
+        # requires grad would silently carry no gradient. Under torch.no_grad() no graph is wanted.
+        if torch.is_grad_enabled():
+            raise UnsupportedError(f"{op}: argument '{name}' requires grad, but expanse has no backward pass yet; "
+                                   f"pass {name}.detach() to run without gradients")
+        return x.detach()  # a view of the same memory; DLPack refuses tensors that require grad
 
     @staticmethod
     def dtype(x):

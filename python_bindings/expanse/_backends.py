@@ -6,7 +6,7 @@ from typing import List, Optional, Tuple
 
 from . import _expanse
 from ._arrays import CPU, CUDA, DEVICE_NAMES, ROCM
-from ._errors import BackendError
+from ._errors import BackendError, InvalidArgumentError
 
 # The backend for each device type when nothing else is asked for.
 _BY_DEVICE = {CPU: "reference", CUDA: "cuda", ROCM: "hip"}
@@ -135,6 +135,6 @@ def resolve(backend, device_type, op):
     if chosen:
         return chosen
     if device_type not in _BY_DEVICE:
-        raise ValueError(f"{op}: the arrays are on DLPack device type {device_type}, for which expanse has "
-                         "no backend")
+        raise InvalidArgumentError(f"{op}: the arrays are on DLPack device type {device_type}, for which expanse "
+                                   "has no backend")
     return _BY_DEVICE[device_type]

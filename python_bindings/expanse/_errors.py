@@ -1,8 +1,9 @@
 """Exceptions: one class per status of the C library, each also a standard Python exception.
 
-``except ValueError`` catches bad input, ``except NotImplementedError`` a problem the chosen backend
-does not implement, and ``except expanse.ExpanseError`` anything the library reports. The message is
-the library's, naming the operation and the offending argument.
+``except ValueError`` catches bad input (every invalid value raises InvalidArgumentError, whether
+the library or the Python layer finds it), ``except NotImplementedError`` a problem the chosen
+backend does not implement, and ``except expanse.ExpanseError`` anything expanse reports. The message
+names the operation and the offending argument.
 """
 
 from . import _expanse
@@ -22,7 +23,9 @@ class InvalidArgumentError(ExpanseError, ValueError):
 
 class UnsupportedError(ExpanseError, NotImplementedError):
     """Valid input that the chosen backend does not implement; the message names the backend and
-    the reason (EXPANSE_ERROR_UNSUPPORTED)."""
+    the reason (EXPANSE_ERROR_UNSUPPORTED). Also raised for a torch tensor that requires grad while
+    gradients are enabled: expanse has no backward pass yet. A NotImplementedError is a
+    RuntimeError, which is what PyTorch raises for operations without autograd support."""
 
     status = "unsupported"
 
@@ -61,6 +64,11 @@ _BY_STATUS = {
     6: InternalError,
 }
 _expanse._set_error_types(_BY_STATUS)
+
+
+def for_status(status):
+    """The exception class of an expanse_status code."""
+    return _BY_STATUS.get(status, InternalError)
 
 # Shown as expanse.InvalidArgumentError (where users catch them), not expanse._errors....
 for _cls in (ExpanseError, *_BY_STATUS.values()):

@@ -1,4 +1,4 @@
-"""The operations of SPEC.md over framework arrays.
+"""The operations of docs/spec.md over framework arrays.
 
 Each function checks its Python-level arguments (array types, scalar types), works out the shapes
 and dtypes of its outputs, and hands everything to the extension, which has the library validate the
@@ -7,7 +7,7 @@ the inputs are too malformed to derive output shapes from, the library is asked 
 its own message naming the argument.
 """
 
-from . import _arrays, _backends, _expanse, _params
+from . import _arrays, _backends, _expanse, _finite, _params
 from ._errors import ExpanseError
 
 
@@ -26,10 +26,12 @@ def _expanded(p, d, layout):
     return _expanse.expanded_dim(p, d, layout[0], layout[1])
 
 
-def _call(op, inputs, outputs, *, backend, required, in_place=None, **params):
+def _call(op, inputs, outputs, *, backend, required, check_finite, in_place=None, **params):
     """Runs `op`. inputs: {name: array or None}, the first one the anchor whose framework and device
     the outputs take; outputs(meta) -> {name: (shape, dtype)} where meta maps each given array's name
-    to (shape, dtype); in_place: {name: array} written in place; required: names that must not be None."""
+    to (shape, dtype); in_place: {name: array} written in place; required: names that must not be None;
+    check_finite: the call's argument (None: the process-wide setting)."""
+    check_finite = _finite.resolve(op, check_finite)
     for n in required:
         x = inputs[n] if n in inputs else in_place[n]
         if x is None:
@@ -56,13 +58,15 @@ def _call(op, inputs, outputs, *, backend, required, in_place=None, **params):
     def allocate(shape, dtype):
         return fw.empty(tuple(shape), dtype, anchor, name, device)
 
-    return _expanse.run(op, name, device, device_type, fw.stream(anchor), given, requested, allocate, **params)
+    return _expanse.run(op, name, device, device_type, fw.stream(anchor), given, requested, allocate,
+                        check_finite=check_finite, **params)
 
 
 def power_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=None, normalize=True,
-                    initial_state=None, output_final_state=False, layout="sympow", backend=None):
+                    initial_state=None, output_final_state=False, layout="sympow", backend=None,
+                    check_finite=None):
     """Gated power attention: attention with the weights (scale q_i . k_j)^p, causal, optionally
-    gated and normalized (SPEC.md). For query i and keys j <= i of the same batch and kv head::
+    gated and normalized (docs/spec.md). For query i and keys j <= i of the same batch and kv head::
 
         A_ij = (scale * q_i . k_j)^p * exp(G_i - G_j)        G_i = log_g_1 + ... + log_g_i
         o_i  = sum_j A_ij v_j / sum_j A_ij                   normalize=True (o_i = 0 where the sum is 0)
@@ -74,11 +78,15 @@ def power_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=None, no
             reads kv head i // (hq // h)).
         v: values [b, t, h, e].
         log_g: optional log of the per-token decay [b, t, h] (e.g. logsigmoid of a gate, <= 0),
-            float32 (float64 with float64 inputs). None: no gating.
+            float32 (float64 with float64 inputs). None: no gating. -inf at a token is a reset: the
+            tokens (and the initial state) before it no longer contribute.
         p: degree of the power, 1..4 (p = 1 is linear attention). normalize=True needs an even p.
         scale: query scale; None: 1/sqrt(d).
-        chunk_size: None: the quadratic form (best for short sequences). An int c >= 1: the chunked
-            algorithm with chunks of c tokens (t need not be a multiple of c); same result.
+        chunk_size: None (the default, or -1, the same): the library chooses the form and the chunk
+            size by sequence length and backend (the quadratic form for short sequences, the
+            chunked algorithm for long ones). 0: the quadratic form. An int c >= 1: the chunked
+            algorithm with chunks of c tokens (t need not be a multiple of c). Every choice
+            computes the same function; only speed and rounding differ.
         normalize: divide by the sum of the weights (only for even p).
         initial_state: optional state (S0, z0) entering the sequence, as returned by
             output_final_state=True: S0 [b, h, D, e], z0 [b, h, D] (z0 may be None, or S0 given
@@ -88,21 +96,29 @@ def power_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=None, no
         layout: feature-map layout of the states: 'sympow' (exact, D = C(d+p-1, p)), 'tensor'
             (D = d^p) or 'tiled:N' (tensor-core blocks, d % N == 0). Only matters for states.
         backend: backend name ('reference', 'cuda', ...); None: see set_default_backend().
+        check_finite: first scan the floating inputs for NaN and infinities (log_g may hold -inf)
+            and raise expanse.InvalidArgumentError naming the first non-finite input and the index
+            of the element. None: the process-wide setting (set_check_finite(), off by default).
+            Without the check, non-finite inputs give non-finite outputs and no error.
 
     dtypes: q, k and v share one dtype: float16, bfloat16 or float32 on every backend, float64 on
     the reference. Arrays may be numpy arrays or DLPack tensors (torch, cupy, jax), with any
     non-negative strides; they are never copied, and GPU tensors are used on their device and the
-    framework's current stream.
+    framework's current stream. Forward only: a torch tensor that requires grad raises
+    expanse.UnsupportedError (while gradients are enabled; pass x.detach()).
 
     Returns:
         o [b, t, hq, e] in v's dtype, as an array of q's framework on q's device. With
         output_final_state=True, (o, (S, z)): S [b, h, D, e] and z [b, h, D] (None when
-        normalize=False), float32 (float64 for float64 inputs, or initial_state's dtype).
+        normalize=False), float32 for float16, bfloat16 and float32 inputs and float64 for float64
+        inputs, on every backend (or initial_state's dtype when one is given).
 
     Raises:
         TypeError: an argument is not an array, or has a dtype expanse does not take.
-        ValueError: bad shapes, ranks, dtypes, devices, p, layout, ... (expanse.InvalidArgumentError).
-        NotImplementedError: the backend does not implement this problem (expanse.UnsupportedError).
+        ValueError: a bad value: shapes, ranks, dtypes, devices, p, layout, chunk_size, scale, and
+            non-finite inputs with check_finite (expanse.InvalidArgumentError).
+        NotImplementedError: the backend does not implement this problem, or a torch input requires
+            grad (expanse.UnsupportedError, also a RuntimeError).
         RuntimeError: the backend is missing or unavailable (expanse.BackendError).
 
     Example::
@@ -116,7 +132,7 @@ def power_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=None, no
         ((1, 4, 136, 16), (1, 4, 136))
     """
     op = "power_attention"
-    p = _params.integer(op, "p", p)
+    p = _params.degree(op, p)
     normalize = _params.flag(op, "normalize", normalize)
     output_final_state = _params.flag(op, "output_final_state", output_final_state)
     lay = _params.layout(op, layout)
@@ -135,18 +151,18 @@ def power_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=None, no
         return out
 
     r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g, "initial_S": S0, "initial_z": z0}, outputs,
-              backend=backend, required=("q", "k", "v"), p=p, scale=_params.scale(op, scale),
-              chunk_size=_params.chunk_size(op, chunk_size, quadratic_default=True), normalize=normalize,
-              layout=lay)
+              backend=backend, required=("q", "k", "v"), check_finite=check_finite, p=p,
+              scale=_params.scale(op, scale), chunk_size=_params.auto_chunk_size(op, chunk_size),
+              normalize=normalize, layout=lay)
     if output_final_state:
         return r["o"], (r["final_S"], r.get("final_z"))
     return r["o"]
 
 
 def power_attention_step(q, k, v, log_g=None, *, state, p=2, scale=None, normalize=True, layout="sympow",
-                         backend=None):
+                         backend=None, check_finite=None):
     """One decoding step of power attention: updates the state in place and returns the output of
-    the new token (the recurrent form of SPEC.md)::
+    the new token (the recurrent form of docs/spec.md)::
 
         S <- exp(log_g) S + phi(k) v^T        z <- exp(log_g) z + phi(k)
         o  = phi(scale q)^T S / phi(scale q)^T z      (normalize=False: o = phi(scale q)^T S)
@@ -156,11 +172,13 @@ def power_attention_step(q, k, v, log_g=None, *, state, p=2, scale=None, normali
         k: [b, h, d] (or [b, 1, h, d]).
         v: [b, h, e] (or [b, 1, h, e]).
         log_g: optional [b, h] (or [b, 1, h]) log of the decay, float32 (float64 with float64 inputs).
-        state: (S, z), S [b, h, D, e] and z [b, h, D], float32 (float64 on the reference), both
+        state: (S, z), S [b, h, D, e] and z [b, h, D], float32 (float64 for float64 inputs), both
             writable and updated in place: e.g. the final state of power_attention(...,
             output_final_state=True), or zeros to start a sequence. z may be None (or S given
-            alone) when normalize=False.
-        p, scale, normalize, layout, backend: as in power_attention (layout must be the state's).
+            alone) when normalize=False. Nothing is written when the call raises.
+        p, scale, normalize, layout, backend, check_finite: as in power_attention (layout must be
+            the state's). Without check_finite, a NaN or infinity in the inputs or the state gives
+            non-finite outputs and state, and no error.
 
     Returns:
         o in v's dtype, [b, hq, e] (or [b, 1, hq, e] when q has the token axis), as an array of
@@ -172,7 +190,7 @@ def power_attention_step(q, k, v, log_g=None, *, state, p=2, scale=None, normali
         >>> o_next = expanse.power_attention_step(q_new, k_new, v_new, g_new, state=state)  # q_new [b, hq, d]
     """
     op = "power_attention_step"
-    p = _params.integer(op, "p", p)
+    p = _params.degree(op, p)
     normalize = _params.flag(op, "normalize", normalize)
     lay = _params.layout(op, layout)
     S, z = _state_pair(op, "state", state, required=True)
@@ -186,12 +204,12 @@ def power_attention_step(q, k, v, log_g=None, *, state, p=2, scale=None, normali
         return {"o": (shape, meta["v"][1])}
 
     r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g}, outputs, backend=backend, in_place={"S": S, "z": z},
-              required=("q", "k", "v", "S"),
+              required=("q", "k", "v", "S"), check_finite=check_finite,
               p=p, scale=_params.scale(op, scale), normalize=normalize, layout=lay)
     return r["o"]
 
 
-def sympow_expand(x, *, p=2, layout="sympow", backend=None):
+def sympow_expand(x, *, p=2, layout="sympow", backend=None, check_finite=None):
     """The feature map phi: the symmetric power expansion, with <phi(a), phi(b)> = (a . b)^p.
 
     Args:
@@ -200,7 +218,7 @@ def sympow_expand(x, *, p=2, layout="sympow", backend=None):
         layout: 'sympow' (exact: one entry per multiset of p indices i1 <= ... <= ip, in
             lexicographic order, times sqrt(p! / prod(multiplicity!)); D = C(d+p-1, p)),
             'tensor' (all d^p products, row-major) or 'tiled:N' (blocks of N^p, d % N == 0).
-        backend: as in power_attention.
+        backend, check_finite: as in power_attention.
 
     Returns:
         phi(x) [..., D] in x's dtype.
@@ -213,7 +231,7 @@ def sympow_expand(x, *, p=2, layout="sympow", backend=None):
         True
     """
     op = "sympow_expand"
-    p = _params.integer(op, "p", p)
+    p = _params.degree(op, p)
     lay = _params.layout(op, layout)
 
     def outputs(meta):
@@ -222,10 +240,12 @@ def sympow_expand(x, *, p=2, layout="sympow", backend=None):
             raise _Malformed("x")
         return {"out": (tuple(shape[:-1]) + (_expanded(p, shape[-1], lay),), dtype)}
 
-    return _call(op, {"x": x}, outputs, backend=backend, required=("x",), p=p, layout=lay)["out"]
+    return _call(op, {"x": x}, outputs, backend=backend, required=("x",), check_finite=check_finite, p=p,
+                 layout=lay)["out"]
 
 
-def update_state(k, v, log_g=None, *, p=2, chunk_size=_params.DEFAULT_CHUNK, layout="sympow", backend=None):
+def update_state(k, v, log_g=None, *, p=2, chunk_size=_params.DEFAULT_CHUNK, layout="sympow", backend=None,
+                 check_finite=None):
     """Chunk states (step 1 of the chunked algorithm): for each chunk m of chunk_size tokens, with
     Gc_j the cumulative sum of log_g inside the chunk and A_m its total::
 
@@ -234,14 +254,15 @@ def update_state(k, v, log_g=None, *, p=2, chunk_size=_params.DEFAULT_CHUNK, lay
     Args:
         k: [b, t, h, d].  v: [b, t, h, e].  log_g: optional [b, t, h], float32 (float64 with float64 inputs).
         p: 1..4.  chunk_size: c >= 1 (the last chunk may be shorter).  layout: as in sympow_expand.
+        backend, check_finite: as in power_attention.
 
     Returns:
         (S, z): S [b, n, h, D, e] and z [b, n, h, D], n = ceil(t / chunk_size), float32 (float64
         for float64 inputs).
     """
     op = "update_state"
-    p = _params.integer(op, "p", p)
-    c = _params.chunk_size(op, chunk_size, quadratic_default=False)
+    p = _params.degree(op, p)
+    c = _params.chunk_size(op, chunk_size, expected=">= 1")
     lay = _params.layout(op, layout)
 
     def outputs(meta):
@@ -252,19 +273,22 @@ def update_state(k, v, log_g=None, *, p=2, chunk_size=_params.DEFAULT_CHUNK, lay
         n, D, st = -(-t // c), _expanded(p, d, lay), _params.state_dtype(meta["k"][1])
         return {"S": ((b, n, h, D, e), st), "z": ((b, n, h, D), st)}
 
-    r = _call(op, {"k": k, "v": v, "log_g": log_g}, outputs, backend=backend, required=("k", "v"), p=p, chunk_size=c, layout=lay)
+    r = _call(op, {"k": k, "v": v, "log_g": log_g}, outputs, backend=backend, required=("k", "v"),
+              check_finite=check_finite, p=p, chunk_size=c, layout=lay)
     return r["S"], r["z"]
 
 
-def discumsum(X, A, Y_init=None, *, backend=None):
+def discumsum(X, A, Y_init=None, *, backend=None, check_finite=None):
     """Discounted cumulative sum over chunks (step 2 of the chunked algorithm)::
 
         Y_0 = Y_init (zeros when None)        Y_{m+1} = exp(A_m) Y_m + X_m
 
     Args:
         X: [b, n, h, ...] any trailing dimensions (e.g. the chunk states S_m of update_state).
-        A: [b, n, h] log-decays, float32 (float64 with float64 X), e.g. each chunk's total log_g.
+        A: [b, n, h] log-decays, float32 (float64 with float64 X), e.g. each chunk's total log_g
+            (-inf: a reset).
         Y_init: optional [b, h, ...] starting value.
+        backend, check_finite: as in power_attention.
 
     Returns:
         Y [b, n+1, h, ...]: Y[:, m] is the state entering chunk m, Y[:, n] the final state;
@@ -278,11 +302,12 @@ def discumsum(X, A, Y_init=None, *, backend=None):
             raise _Malformed("X")
         return {"Y": ((shape[0], shape[1] + 1) + tuple(shape[2:]), _params.state_dtype(dtype))}
 
-    return _call(op, {"X": X, "A": A, "Y_init": Y_init}, outputs, backend=backend, required=("X", "A"))["Y"]
+    return _call(op, {"X": X, "A": A, "Y_init": Y_init}, outputs, backend=backend, required=("X", "A"),
+                 check_finite=check_finite)["Y"]
 
 
 def query_state(q, S, z=None, log_g=None, *, intra=None, p=2, scale=None, chunk_size=_params.DEFAULT_CHUNK,
-                normalize=True, layout="sympow", backend=None):
+                normalize=True, layout="sympow", backend=None, check_finite=None):
     """The inter-chunk term (step 3 of the chunked algorithm), optionally combined with the
     intra-chunk result into the final output. For query i in chunk m (Gc_i: cumulative log_g inside
     the chunk)::
@@ -297,14 +322,15 @@ def query_state(q, S, z=None, log_g=None, *, intra=None, p=2, scale=None, chunk_
         z: [b, n, h, D]; required when normalize=True.
         log_g: optional [b, t, h].
         intra: optional (y, l, rowmax) from chunk_attention with the same chunk_size.
-        p, scale, layout: as in power_attention.  chunk_size: c >= 1, as used for S.
+        p, scale, layout, backend, check_finite: as in power_attention.  chunk_size: c >= 1, as
+            used for S.
 
     Returns:
         o [b, t, hq, e] in q's dtype.
     """
     op = "query_state"
-    p = _params.integer(op, "p", p)
-    c = _params.chunk_size(op, chunk_size, quadratic_default=False)
+    p = _params.degree(op, p)
+    c = _params.chunk_size(op, chunk_size, expected=">= 1")
     normalize = _params.flag(op, "normalize", normalize)
     lay = _params.layout(op, layout)
     y, l, rowmax = _intra(op, intra)
@@ -315,11 +341,13 @@ def query_state(q, S, z=None, log_g=None, *, intra=None, p=2, scale=None, chunk_
         return {"o": ((b, t, hq, e), meta["q"][1])}
 
     r = _call(op, {"q": q, "S": S, "z": z, "log_g": log_g, "y": y, "l": l, "rowmax": rowmax}, outputs,
-              backend=backend, required=("q", "S"), p=p, scale=_params.scale(op, scale), chunk_size=c, normalize=normalize, layout=lay)
+              backend=backend, required=("q", "S"), check_finite=check_finite, p=p, scale=_params.scale(op, scale),
+              chunk_size=c, normalize=normalize, layout=lay)
     return r["o"]
 
 
-def chunk_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=_params.DEFAULT_CHUNK, backend=None):
+def chunk_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=_params.DEFAULT_CHUNK, backend=None,
+                    check_finite=None):
     """Causal power attention inside each chunk (step 4 of the chunked algorithm), stabilized in
     log space so that large p never overflows. For i, j in the same chunk, j <= i::
 
@@ -332,14 +360,16 @@ def chunk_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=_params.
     Args:
         q: [b, t, hq, d].  k: [b, t, h, d].  v: [b, t, h, e].  log_g: optional [b, t, h].
         p: 1..4.  scale: None for 1/sqrt(d).
-        chunk_size: c >= 1; None: one chunk spanning the whole sequence (quadratic attention).
+        chunk_size: c >= 1; 0 or None: one chunk spanning the whole sequence (quadratic attention).
+        backend, check_finite: as in power_attention.
 
     Returns:
         (y, l, rowmax): y [b, t, hq, e], l and rowmax [b, t, hq], float32 (float64 for float64 inputs).
     """
     op = "chunk_attention"
-    p = _params.integer(op, "p", p)
-    c = _params.chunk_size(op, chunk_size, quadratic_default=True)
+    p = _params.degree(op, p)
+    # None: one chunk over the whole sequence, which the C ABI spells 0.
+    c = 0 if chunk_size is None else _params.chunk_size(op, chunk_size, expected=">= 0 (0: one chunk)")
 
     def outputs(meta):
         b, t, hq, _ = _dims(meta, "q", 4)
@@ -347,8 +377,8 @@ def chunk_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=_params.
         st = _params.state_dtype(meta["q"][1])
         return {"y": ((b, t, hq, e), st), "l": ((b, t, hq), st), "rowmax": ((b, t, hq), st)}
 
-    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g}, outputs, backend=backend, required=("q", "k", "v"), p=p,
-              scale=_params.scale(op, scale), chunk_size=c)
+    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g}, outputs, backend=backend, required=("q", "k", "v"),
+              check_finite=check_finite, p=p, scale=_params.scale(op, scale), chunk_size=c)
     return r["y"], r["l"], r["rowmax"]
 
 

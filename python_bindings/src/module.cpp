@@ -16,6 +16,7 @@ void bind_info(nb::module_& m);
 void bind_tensors(nb::module_& m);
 void bind_memory(nb::module_& m);
 void bind_run(nb::module_& m);
+void bind_check(nb::module_& m);
 }  // namespace expanse_py
 
 namespace {
@@ -41,4 +42,5 @@ NB_MODULE(_expanse, m) {
   expanse_py::bind_tensors(m);
   expanse_py::bind_memory(m);
   expanse_py::bind_run(m);
+  expanse_py::bind_check(m);
 }

@@ -139,22 +139,41 @@ const void* fill_args(expanse_op_kind kind, tensor_table& t, const op_params& pr
 }
 
 // What the last run() of this thread handed to the library: lets tests check that no array was
-// copied (data pointers) and which stream was used. Plain C++ data, no Python objects, so that it
-// can outlive the interpreter in a thread_local.
+// copied (data pointers), which stream was used and which scalars the Python defaults became. Plain
+// C++ data, no Python objects, so that it can outlive the interpreter in a thread_local.
 struct call_record {
   std::string op, backend;
   int32_t device = 0;
   uintptr_t stream = 0;
   size_t workspace_bytes = 0;
+  op_params params{};
+  bool check_finite = false;
   std::map<std::string, expanse_tensor> tensors;
 };
 thread_local call_record last;
 
 bool is_spec(nb::handle value) { return nb::isinstance<nb::tuple>(value); }
 
+// When the Python layer cannot derive the output shapes (malformed inputs: q of rank 3, ...), the
+// library must still see every required output, or it would report the missing output rather than
+// the malformed input. Each one gets an empty stand-in of rank 1, which no valid call accepts.
+// Returns whether any was added.
+bool add_stand_ins(expanse_op_kind kind, tensor_table& table, placeholder_space& space, int32_t device_type,
+                   int32_t device) {
+  const expanse_tensor_arg_info* args = nullptr;
+  const int32_t count = expanse_op_tensor_args(kind, &args);
+  bool added = false;
+  for (int32_t i = 0; i < count; ++i) {
+    if (args[i].role == EXPANSE_ARG_INPUT || !args[i].required || table.views.count(args[i].name)) continue;
+    table.views[args[i].name] = space.make({0}, "f32", device_type, device);
+    added = true;
+  }
+  return added;
+}
+
 nb::dict run(const std::string& op, const std::string& backend, int32_t device, int32_t device_type,
              uintptr_t stream, nb::dict inputs, nb::dict outputs, nb::callable allocate, int32_t p, double scale,
-             int64_t chunk_size, bool normalize, std::pair<int32_t, int32_t> layout) {
+             int64_t chunk_size, bool normalize, std::pair<int32_t, int32_t> layout, bool check_finite) {
   const op_spec& spec = spec_of(op);
   auto known = [](const std::vector<std::string>& names, const std::string& n) {
     for (const auto& k : names)
@@ -162,6 +181,8 @@ nb::dict run(const std::string& op, const std::string& backend, int32_t device, 
     return false;
   };
   expanse_context* ctx = context_for(backend, device);
+  // The contexts are cached and shared by every call of this thread: set the check on each call.
+  check(expanse_context_set_check_finite(ctx, check_finite ? 1 : 0));
 
   array_keeper keep;
   tensor_table table;
@@ -177,15 +198,17 @@ nb::dict run(const std::string& op, const std::string& backend, int32_t device, 
     if (!known(spec.outputs, name)) throw nb::value_error((op + ": unknown output '" + name + "'").c_str());
     if (value.is_none()) continue;
     if (is_spec(value)) {  // (shape, dtype): allocated below, once the library accepted the call
-      nb::tuple s = nb::borrow<nb::tuple>(value);
-      table.views[name] = placeholder(nb::cast<std::vector<int64_t>>(s[0]), nb::cast<std::string>(s[1]),
-                                      device_type, device);
-      to_allocate.emplace_back(name, s);
+      to_allocate.emplace_back(name, nb::borrow<nb::tuple>(value));
     } else {
       table.views[name] = keep.view(name, value, /*writable=*/true);
       result[name.c_str()] = value;
     }
   }
+  placeholder_space space(table.views);
+  for (auto& [name, s] : to_allocate)
+    table.views[name] = space.make(nb::cast<std::vector<int64_t>>(s[0]), nb::cast<std::string>(s[1]), device_type,
+                                   device);
+  const bool stand_ins = add_stand_ins(spec.kind, table, space, device_type, device);
 
   const op_params prm{p, scale, chunk_size, normalize, {layout.first, layout.second}};
   any_args all{};
@@ -194,6 +217,9 @@ nb::dict run(const std::string& op, const std::string& backend, int32_t device, 
   // Validation and the backend's support question come first, so that bad input or an unsupported
   // problem costs no allocation (an absurd p or d could otherwise ask for gigabytes).
   check(expanse_supports(ctx, spec.kind, args, nullptr, 0));
+  if (stand_ins)  // never run with an output that has no memory
+    raise_status(EXPANSE_ERROR_INTERNAL, op + ": the library accepted a call whose output shapes the Python "
+                                              "layer could not derive");
 
   for (auto& [name, s] : to_allocate) {
     nb::object array = allocate(s[0], s[1]);
@@ -214,7 +240,7 @@ nb::dict run(const std::string& op, const std::string& backend, int32_t device, 
     check(expanse_context_set_workspace(ctx, raw.data, raw.bytes));
   }
 
-  last = call_record{op, backend, device, stream, bytes, table.views};
+  last = call_record{op, backend, device, stream, bytes, prm, check_finite, table.views};
   expanse_status st;
   {
     // The reference computes on oneTBB threads for as long as the problem takes: let other Python
@@ -236,6 +262,12 @@ nb::dict last_call() {
   d["device"] = last.device;
   d["stream"] = last.stream;
   d["workspace_bytes"] = last.workspace_bytes;
+  d["p"] = last.params.p;
+  d["scale"] = last.params.scale;
+  d["chunk_size"] = last.params.chunk_size;
+  d["normalize"] = last.params.normalize;
+  d["layout"] = nb::make_tuple(last.params.layout.kind, last.params.layout.d_tile);
+  d["check_finite"] = last.check_finite;
   nb::dict tensors;
   for (const auto& [name, t] : last.tensors) tensors[name.c_str()] = describe_tensor(t);
   d["tensors"] = tensors;
@@ -248,12 +280,14 @@ void bind_run(nb::module_& m) {
   m.def("run", &run, nb::arg("op"), nb::arg("backend"), nb::arg("device"), nb::arg("device_type"),
         nb::arg("stream"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("allocate"), nb::arg("p") = 2,
         nb::arg("scale") = 0.0, nb::arg("chunk_size") = 0, nb::arg("normalize") = true,
-        nb::arg("layout") = std::make_pair(0, 0),
+        nb::arg("layout") = std::make_pair(0, 0), nb::arg("check_finite") = false,
         "Runs one operation. inputs: {name: array or None}; outputs: {name: array (written in place) or "
-        "(shape, dtype) to allocate with allocate(shape, dtype)}. Returns {name: array} of the outputs.");
+        "(shape, dtype) to allocate with allocate(shape, dtype)}. check_finite: scan the inputs for "
+        "NaN/Inf first (expanse_context_set_check_finite). Returns {name: array} of the outputs.");
   m.def("last_call", &last_call,
         "What the last run() of this thread passed to the library: op, backend, device, stream, "
-        "workspace_bytes and, per tensor, data_ptr, dtype, device, shape and strides.");
+        "workspace_bytes, the scalars (p, scale, chunk_size, normalize, layout, check_finite) and, per "
+        "tensor, data_ptr, dtype, device, shape and strides.");
 }
 
 }  // namespace expanse_py

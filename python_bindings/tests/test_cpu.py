@@ -411,16 +411,80 @@ def _good(rng):
     ({}, dict(chunk_size=-2), "chunk_size must be >= 0"),
     ({}, dict(scale=float("nan")), "'scale' must be finite"),
     ({}, dict(scale=0.0), "'scale' must be non-zero"),
-    ({}, dict(layout="diagonal"), "unknown layout"),
+    ({}, dict(scale=0), "'scale' must be non-zero"),
+    ({}, dict(scale=10**400), "argument 'scale' must be finite"),
+    ({}, dict(layout="diagonal"), "argument 'layout': unknown layout 'diagonal'"),
+    ({}, dict(layout="bogus"), "argument 'layout': unknown layout 'bogus'"),
+    ({}, dict(normalize=2), "argument 'normalize' must be True or False, got 2"),
+    # integers no C type of the ABI holds: refused by name, never a nanobind TypeError
+    ({}, dict(p=2**40), "power_attention: argument 'p' must be in 1..4, got 1099511627776"),
+    ({}, dict(p=-2**40), "power_attention: argument 'p' must be in 1..4, got -1099511627776"),
+    ({}, dict(p=np.int64(2**40)), "argument 'p' must be in 1..4"),
+    ({}, dict(chunk_size=2**70), "power_attention: argument 'chunk_size' must be .*, got 1180591620717411303424"),
+    ({}, dict(chunk_size=-2**70), "argument 'chunk_size' must be"),
+    ({}, dict(layout="tiled:99999999999"), "power_attention: argument 'layout' must be 'tiled:N' .*99999999999"),
 ])
-def test_bad_input_raises_value_error(rng, change, kwargs, match):
+def test_bad_input_raises_invalid_argument_error(rng, change, kwargs, match):
+    """Every bad value raises one class: expanse.InvalidArgumentError, a ValueError."""
     q, k, v, log_g = _good(rng)
     args = dict(q=q, k=k, v=v, log_g=log_g)
     for name, f in change.items():
         args[name] = f(args[name])
-    with pytest.raises(ValueError, match=match) as info:
+    with pytest.raises(expanse.InvalidArgumentError, match=match) as info:
         expanse.power_attention(args["q"], args["k"], args["v"], args["log_g"], **kwargs)
-    assert not isinstance(info.value, TypeError)
+    assert isinstance(info.value, ValueError) and not isinstance(info.value, TypeError)
+
+
+# Values beyond the C type of each integer argument of the ABI (and of check()'s settings).
+_INT32 = (2**31, -2**31 - 1, 2**40, 2**70)
+_INT64 = (2**63, -2**63 - 1, 2**70, -2**70)
+
+
+def _integer_arguments(rng):
+    """(function, argument, values out of range, call(value)) for every integer argument of every
+    public function, the layout's N included."""
+    q, k, v, log_g = _good(rng)
+    S, z = random_state(rng, 1, 2, 8, 3, 2)
+    step = (q[:, 0], k[:, 0], v[:, 0])
+    return [
+        ("power_attention", "p", _INT32, lambda x: expanse.power_attention(q, k, v, log_g, p=x)),
+        ("power_attention", "chunk_size", _INT64, lambda x: expanse.power_attention(q, k, v, log_g, chunk_size=x)),
+        ("power_attention", "layout", _INT32[::2], lambda x: expanse.power_attention(q, k, v, layout=f"tiled:{x}")),
+        ("power_attention_step", "p", _INT32, lambda x: expanse.power_attention_step(*step, state=(S, z), p=x)),
+        ("power_attention_step", "layout", _INT32[::2],
+         lambda x: expanse.power_attention_step(*step, state=(S, z), layout=f"tiled:{x}")),
+        ("sympow_expand", "p", _INT32, lambda x: expanse.sympow_expand(q, p=x)),
+        ("sympow_expand", "layout", _INT32[::2], lambda x: expanse.sympow_expand(q, layout=f"tiled:{x}")),
+        ("update_state", "p", _INT32, lambda x: expanse.update_state(k, v, p=x)),
+        ("update_state", "chunk_size", _INT64, lambda x: expanse.update_state(k, v, chunk_size=x)),
+        ("update_state", "layout", _INT32[::2], lambda x: expanse.update_state(k, v, layout=f"tiled:{x}")),
+        ("query_state", "p", _INT32, lambda x: expanse.query_state(q, S[:, None], z[:, None], p=x)),
+        ("query_state", "chunk_size", _INT64, lambda x: expanse.query_state(q, S[:, None], z[:, None], chunk_size=x)),
+        ("chunk_attention", "p", _INT32, lambda x: expanse.chunk_attention(q, k, v, p=x)),
+        ("chunk_attention", "chunk_size", _INT64, lambda x: expanse.chunk_attention(q, k, v, chunk_size=x)),
+        ("expanded_dim", "p", _INT32, lambda x: expanse.expanded_dim(8, p=x)),
+        ("expanded_dim", "d", _INT64, lambda x: expanse.expanded_dim(x)),
+        ("expanded_dim", "layout", _INT32[::2], lambda x: expanse.expanded_dim(8, layout=f"tiled:{x}")),
+        ("check", "device", _INT32, lambda x: expanse.check("discumsum", device=x)),
+        ("check", "seed", (-1, 2**64, 2**70), lambda x: expanse.check("discumsum", seed=x)),
+        ("check", "t", (-1, 2**32 + 1, 2**70), lambda x: expanse.check("discumsum", t=x)),
+        ("check", "p", (0, 17, 2**40), lambda x: expanse.check("power_attention", p=x)),
+        ("check", "chunk_size", (-2, 2**32 + 1, 2**70), lambda x: expanse.check("power_attention", chunk_size=x)),
+        ("check", "layout", _INT32[::2], lambda x: expanse.check("power_attention", layout=f"tiled:{x}")),
+    ]
+
+
+@pytest.mark.parametrize("index", range(23))
+def test_out_of_range_integers_name_the_argument(rng, index):
+    """No integer argument of any function reaches nanobind's "incompatible function arguments":
+    each raises InvalidArgumentError naming the function and the argument."""
+    cases = _integer_arguments(rng)
+    assert len(cases) == 23
+    func, name, values, call = cases[index]
+    for value in values:
+        with pytest.raises(expanse.InvalidArgumentError, match=f"^{func}: argument '{name}'.* got {value}") as info:
+            call(value)
+        assert "incompatible function arguments" not in str(info.value)
 
 
 def test_bad_states(rng):
@@ -447,7 +511,7 @@ def test_bad_states(rng):
     with pytest.raises(TypeError, match="'state' is required"):
         expanse.power_attention_step(q1, k1, v1, state=None)
     # the four ops
-    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+    with pytest.raises(expanse.InvalidArgumentError, match="chunk_size must be >= 1"):
         expanse.update_state(k, v, chunk_size=0)
     with pytest.raises(ValueError, match="argument 'A'"):
         expanse.discumsum(np.zeros((1, 3, 2, 4)), np.zeros((1, 4, 2)))
@@ -468,15 +532,42 @@ def test_non_arrays_raise_type_error(rng, bad):
 
 
 def test_bad_scalar_types(rng):
+    """A scalar of the wrong type is a TypeError (a bad value of the right type is not: above)."""
     q, k, v, log_g = _good(rng)
     with pytest.raises(TypeError, match="'p' must be an int"):
         expanse.power_attention(q, k, v, p=2.0)
     with pytest.raises(TypeError, match="'chunk_size' must be an int"):
         expanse.power_attention(q, k, v, chunk_size="64")
+    with pytest.raises(TypeError, match="'chunk_size' must be an int, got None"):
+        expanse.update_state(k, v, chunk_size=None)
     with pytest.raises(TypeError, match="'backend'"):
         expanse.power_attention(q, k, v, backend=1)
     with pytest.raises(TypeError, match="'layout'"):
         expanse.power_attention(q, k, v, layout=2)
+    with pytest.raises(TypeError, match="'normalize' must be a bool"):
+        expanse.power_attention(q, k, v, normalize="yes")
+    with pytest.raises(TypeError, match="'check_finite' must be a bool"):
+        expanse.power_attention(q, k, v, check_finite="no")
+
+
+def test_no_plain_value_error_in_the_package():
+    """Every invalid value raises InvalidArgumentError: the package never raises a bare ValueError
+    (TypeError stays for wrong types, as documented)."""
+    package = pathlib.Path(expanse.__file__).parent
+    offenders = [f"{path.name}:{n}" for path in sorted(package.glob("*.py"))
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if "raise ValueError" in line]
+    assert not offenders
+
+
+def test_docs_cite_the_docs_folder():
+    """Docstrings and help texts cite docs/spec.md and docs/performance.md, not SPEC.md or PERFORMANCE.md."""
+    package = pathlib.Path(expanse.__file__).parent
+    texts = {path.name: path.read_text() for path in package.iterdir() if path.suffix in (".py", ".pyi")}
+    texts.update({f"_expanse.{name}": getattr(expanse._expanse, name).__doc__ or ""
+                  for name in dir(expanse._expanse) if not name.startswith("__")})
+    for name, text in texts.items():
+        assert "SPEC.md" not in text and "PERFORMANCE.md" not in text, name
+    assert "docs/spec.md" in expanse.power_attention.__doc__
 
 
 def test_nothing_is_written_on_bad_input(rng):
@@ -486,6 +577,91 @@ def test_nothing_is_written_on_bad_input(rng):
     with pytest.raises(ValueError):
         expanse.power_attention_step(q[:, 0], k[:, 0], v[:, 0, :1], log_g[:, 0], state=(S, z))
     assert np.array_equal(S, S_before) and np.array_equal(z, z_before)
+
+
+# ---------------------------------------------------------------- chunk_size: the library's choice by default
+
+def test_power_attention_lets_the_library_choose_the_chunk_size(rng):
+    """chunk_size=None (the default) and -1 pass EXPANSE_CHUNK_AUTO (-1); 0 is the quadratic form."""
+    q, k, v, log_g = _good(rng)
+    ref = naive.power_attention(q, k, v, log_g)
+    for given, passed in ((None, -1), (-1, -1), (0, 0), (3, 3)):
+        kwargs = {} if given is None else dict(chunk_size=given)
+        o = expanse.power_attention(q, k, v, log_g, **kwargs)
+        assert expanse._expanse.last_call()["chunk_size"] == passed, given
+        assert naive.rel_error(o, ref) <= TIGHT
+    assert inspect.signature(expanse.power_attention).parameters["chunk_size"].default is None
+    with pytest.raises(expanse.InvalidArgumentError, match="chunk_size"):
+        expanse.power_attention(q, k, v, log_g, chunk_size=-2)
+
+
+def test_other_ops_keep_their_explicit_chunk_size(rng):
+    q, k, v, log_g = _good(rng)
+    expanse.update_state(k, v, log_g)
+    assert expanse._expanse.last_call()["chunk_size"] == 128
+    expanse.chunk_attention(q, k, v, log_g)
+    assert expanse._expanse.last_call()["chunk_size"] == 128
+    expanse.chunk_attention(q, k, v, log_g, chunk_size=None)  # one chunk over the sequence
+    assert expanse._expanse.last_call()["chunk_size"] == 0
+    with pytest.raises(expanse.InvalidArgumentError, match="chunk_size"):
+        expanse.update_state(k, v, log_g, chunk_size=-1)  # no automatic choice here
+
+
+# ---------------------------------------------------------------- the finite check
+
+@pytest.fixture
+def finite_check_off():
+    yield
+    expanse.set_check_finite(False)
+
+
+def _with_nan(a, index):
+    a = a.copy()
+    a[index] = np.nan
+    return a
+
+
+def test_non_finite_inputs_pass_silently_by_default(rng, finite_check_off):
+    q, k, v, log_g = _good(rng)
+    assert expanse.get_check_finite() is False
+    o = expanse.power_attention(q, k, _with_nan(v, (0, 3, 1, 2)), log_g)
+    assert np.isnan(o).any()
+    assert expanse._expanse.last_call()["check_finite"] is False
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "log_g"])
+def test_check_finite_names_the_input(rng, finite_check_off, name):
+    q, k, v, log_g = _good(rng)
+    args = dict(q=q, k=k, v=v, log_g=log_g)
+    args[name] = _with_nan(args[name], (0, 4) + (1,) * (args[name].ndim - 2))
+    with pytest.raises(expanse.InvalidArgumentError, match=f"power_attention: argument '{name}'"):
+        expanse.power_attention(**args, check_finite=True)
+    # the process-wide setting, and a call that turns it off again
+    expanse.set_check_finite(True)
+    assert expanse.get_check_finite() is True
+    with pytest.raises(expanse.InvalidArgumentError, match=f"argument '{name}'"):
+        expanse.power_attention(**args)
+    o = expanse.power_attention(**args, check_finite=False)
+    assert not np.isfinite(o).all()
+
+
+def test_check_finite_allows_resets_and_covers_the_step(rng, finite_check_off):
+    q, k, v, log_g = _good(rng)
+    reset = log_g.copy()
+    reset[0, 5] = -np.inf  # a reset: tokens before 5 no longer contribute
+    o = expanse.power_attention(q, k, v, reset, check_finite=True)
+    assert np.isfinite(o).all()
+    assert naive.rel_error(o[:, 5:], expanse.power_attention(q[:, 5:], k[:, 5:], v[:, 5:], reset[:, 5:])) <= TIGHT
+    S, z = random_state(rng, 1, 2, 8, 3, 2)
+    S_bad = _with_nan(S, (0, 1, 2, 0))
+    before = S_bad.copy()
+    with pytest.raises(expanse.InvalidArgumentError, match="power_attention_step: argument 'S'"):
+        expanse.power_attention_step(q[:, 0], k[:, 0], v[:, 0], log_g[:, 0], state=(S_bad, z), check_finite=True)
+    assert np.array_equal(S_bad, before, equal_nan=True)  # nothing written
+    with pytest.raises(expanse.InvalidArgumentError, match="update_state: argument 'k'"):
+        expanse.update_state(_with_nan(k, (0, 0, 0, 0)), v, check_finite=True)
+    with pytest.raises(TypeError):
+        expanse.set_check_finite("yes")
 
 
 # ---------------------------------------------------------------- plugins: unsupported, unavailable
@@ -539,18 +715,27 @@ print(expanse.check("power_attention", backend="testnull"))
             "the test plugin implements no operation") in text
     assert "ValueError: power_attention: argument 'k': dimension 1 (t)" in text  # validated before the backend
     assert "RuntimeError: backend 'wrongabi' is unavailable: built for plugin ABI version" in text
-    assert "power_attention on testnull (f32, seed" in text and "skipped" in text
+    # The harness puts the inputs on the backend before the backend is asked about the problem, and
+    # testnull cannot allocate: the case fails (as `expanse check` prints FAIL), with the reason.
+    assert "power_attention on testnull (f32, seed" in text
+    assert "fail: allocating" in text and "on backend 'testnull' failed" in text
 
 
 # ---------------------------------------------------------------- check()
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
-def test_check_reference(dtype):
+def test_check_reference_against_the_naive_oracle(dtype):
+    """The reference is checked against the independent naive f64 oracle at 1e-12 for every input
+    dtype, as `expanse check --backend reference` does, never against itself."""
     results = expanse.check("all", backend="reference", dtype=dtype, t=19, chunk_size=None, hq=4, h=2, d=6, e=5)
     assert len(results) == 7
     for r in results:
         assert r.status == "pass" and r.passed and r, str(r)
-        assert r.errors and all(v <= r.tolerance for v in r.errors.values())
+        assert r.oracle == "naive f64" and r.tolerance == 1e-12, str(r)
+        assert r.errors and all(v <= 1e-12 for v in r.errors.values())
+        assert r.repro.startswith(f"expanse check {r.op} ") and r.repro.endswith(f"--backend reference --seed {r.seed}")
+    # an independent oracle differs from the reference in the last bits somewhere
+    assert any(v > 0 for r in results for v in r.errors.values())
 
 
 def test_check_options_and_errors():
@@ -563,14 +748,41 @@ def test_check_options_and_errors():
     q = expanse.check("query_state", t=30, chunk_size=8, intra=True, p=4)
     assert q.passed and set(q.errors) == {"o"}
     assert expanse.check("power_attention", tolerance=0.0, t=20).status == "fail"
-    with pytest.raises(ValueError, match="unknown operation"):
+    assert expanse.check("power_attention", p=3, t=20).passed  # normalize defaults to even p, as the CLI
+    assert expanse.check("power_attention", h=4, t=20).passed  # hq follows h, as the CLI
+    with pytest.raises(expanse.InvalidArgumentError, match="unknown operation"):
         expanse.check("attention")
     with pytest.raises(TypeError, match="unknown settings"):
         expanse.check("power_attention", heads=3)
-    with pytest.raises(ValueError, match="unknown dtype"):
+    with pytest.raises(expanse.InvalidArgumentError, match="unknown dtype"):
         expanse.check("power_attention", dtype="f8")
-    with pytest.raises(ValueError, match="even p"):
-        expanse.check("power_attention", p=3)
+    # the library's refusal keeps its class through the harness
+    with pytest.raises(expanse.InvalidArgumentError, match="even p"):
+        expanse.check("power_attention", p=3, normalize=True)
+    with pytest.raises(expanse.InvalidArgumentError, match="d_tile"):
+        expanse.check("power_attention", d=6, layout="tiled:4")
+    with pytest.raises(expanse.InvalidArgumentError, match="check: argument 't' must be in 0..4294967296, got -1"):
+        expanse.check("power_attention", t=-1)
+    with pytest.raises(expanse.InvalidArgumentError, match="argument 'tolerance'"):
+        expanse.check("power_attention", tolerance=-1.0)
+    with pytest.raises(expanse.BackendError, match="nope"):
+        expanse.check("power_attention", backend="nope")
+
+
+def test_check_runs_the_same_case_as_the_cli():
+    """check() and `expanse check` with the same settings and seed draw the same inputs and report
+    the same errors (one harness)."""
+    exe = _cli()
+    if exe is None:
+        pytest.skip("skipped: no expanse command built (scripts/build.sh, or set EXPANSE_CLI)")
+    r = expanse.check("power_attention", backend="reference", dtype="bf16", seed=77, t=37, hq=4, h=2, d=8, e=6,
+                      p=4, chunk_size=8, layout="tiled:4", initial_state=True, final_state=True)
+    args = r.repro.split()[1:]
+    assert args[:2] == ["check", "power_attention"]
+    out = subprocess.run([exe, *args], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for name, err in r.errors.items():
+        assert f"{name:<7} rel. error {err:.3e}" in out.stdout, (name, out.stdout)
 
 
 # ---------------------------------------------------------------- the same results as the C++ command
@@ -647,7 +859,6 @@ def test_torch_cpu_tensors(rng):
     torch = pytest.importorskip("torch", reason="skipped: PyTorch is not installed")
     q, k, v = qkv(rng, 1, 12, 2, 2, 4, 3, np.float32)
     tq, tk, tv = torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v)
-    tq.requires_grad_(True)
     o, (S, z) = expanse.power_attention(tq, tk, tv, chunk_size=5, output_final_state=True)
     assert isinstance(o, torch.Tensor) and o.dtype == torch.float32 and o.device.type == "cpu"
     assert isinstance(S, torch.Tensor) and S.dtype == torch.float32
@@ -655,9 +866,32 @@ def test_torch_cpu_tensors(rng):
     assert seen["q"]["data_ptr"] == tq.data_ptr() and seen["o"]["data_ptr"] == o.data_ptr()
     ref = naive.power_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
     assert naive.rel_error(o.numpy(), ref) <= 1e-5
-    # bfloat16 on the CPU: numpy has no such dtype, torch does
-    ob = expanse.power_attention(tq.detach().bfloat16(), tk.bfloat16(), tv.bfloat16())
+    # bfloat16 on the CPU: numpy has no such dtype, torch does; states stay float32
+    ob, (Sb, zb) = expanse.power_attention(tq.bfloat16(), tk.bfloat16(), tv.bfloat16(), output_final_state=True)
     assert ob.dtype == torch.bfloat16 and naive.rel_error(ob.float().numpy(), ref) <= 2e-2
+    assert Sb.dtype == zb.dtype == torch.float32
     # a strided view
-    ot = expanse.power_attention(tq.detach().transpose(1, 2).contiguous().transpose(1, 2), tk, tv)
+    ot = expanse.power_attention(tq.transpose(1, 2).contiguous().transpose(1, 2), tk, tv)
     assert naive.rel_error(ot.numpy(), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "log_g"])
+def test_torch_requires_grad_is_refused(rng, name):
+    """expanse has no backward pass: a tensor that requires grad is refused by name while gradients
+    are enabled (never silently detached), and runs under torch.no_grad()."""
+    torch = pytest.importorskip("torch", reason="skipped: PyTorch is not installed")
+    q, k, v = qkv(rng, 1, 12, 2, 2, 4, 3, np.float32)
+    args = dict(q=torch.from_numpy(q), k=torch.from_numpy(k), v=torch.from_numpy(v),
+                log_g=torch.from_numpy(gates(rng, 1, 12, 2).astype(np.float32)))
+    args[name].requires_grad_(True)
+    message = (f"power_attention: argument '{name}' requires grad, but expanse has no backward pass yet; "
+               f"pass {name}.detach() to run without gradients")
+    with pytest.raises(expanse.UnsupportedError) as info:
+        expanse.power_attention(**args)
+    assert str(info.value) == message
+    assert isinstance(info.value, NotImplementedError) and isinstance(info.value, RuntimeError)
+    with torch.no_grad():
+        o = expanse.power_attention(**args)
+    assert not o.requires_grad
+    args[name] = args[name].detach()
+    assert np.array_equal(expanse.power_attention(**args).numpy(), o.numpy())
