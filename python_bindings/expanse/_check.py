@@ -30,7 +30,7 @@ OPS = ("sympow_expand", "update_state", "discumsum", "query_state", "chunk_atten
 # (core/cli/case_options.cpp), which keep the harness's host tensors within reason.
 _SIZES = dict(b=(1, (0, 2**20)), t=(64, (0, 2**32)), hq=(2, (1, 2**16)), h=(2, (1, 2**16)), d=(16, (1, 2**16)),
               e=(16, (1, 2**16)), p=(2, (1, 16)))
-_FLAGS = dict(gated=True, initial_state=False, final_state=False, intra=False)
+_FLAGS = dict(gated=True, resets=False, initial_state=False, final_state=False, intra=False)
 _SETTINGS = (*_SIZES, "chunk_size", "layout", "scale", "normalize", *_FLAGS)
 # chunk_size None: the library's choice for power_attention (as its own default), one chunk per
 # sequence for chunk_attention, and 16 for the ops that need chunks (the command takes 128 there; at
@@ -105,7 +105,8 @@ def check(op: str, backend: Optional[str] = None, *, dtype: str = "f32", seed: O
             hq [2, or h when h is given], h [2], d [16], e [16], p [2], chunk_size [None: the
             library's choice for power_attention (-1 is the same), one chunk for chunk_attention,
             16 for update_state/query_state/discumsum], layout ['sympow'], scale [None], gated [True]
-            (random log_g), normalize [True for even p], initial_state [False] (power_attention's
+            (random log_g), resets [False] (with gated: some gates exactly 0, log_g = -inf, a
+            reset), normalize [True for even p], initial_state [False] (power_attention's
             S0/z0, discumsum's Y_init), final_state [False], intra [False] (query_state with
             chunk_attention's result).
 

@@ -71,13 +71,13 @@ nb::dict result_dict(const h::check_result& r, expanse_status failure) {
 nb::dict check_case(const std::string& backend, int32_t device, const std::string& op, uint64_t seed,
                     const std::string& dtype, int64_t b, int64_t t, int64_t hq, int64_t h, int64_t d, int64_t e,
                     int32_t p, int64_t chunk_size, std::pair<int32_t, int32_t> layout, double scale, bool gated,
-                    bool normalize, bool initial_state, bool final_state, bool intra) {
+                    bool resets, bool normalize, bool initial_state, bool final_state, bool intra) {
   h::op_config cfg;
   cfg.op = op_kind(op);
   cfg.dtype = expanse_dtype_of(dtype);
   cfg.b = b; cfg.t = t; cfg.hq = hq; cfg.h = h; cfg.d = d; cfg.e = e;
   cfg.p = p; cfg.c = chunk_size; cfg.layout = expanse_layout{layout.first, layout.second}; cfg.scale = scale;
-  cfg.gated = gated; cfg.normalize = normalize; cfg.initial_state = initial_state; cfg.final_state = final_state;
+  cfg.gated = gated; cfg.resets = resets; cfg.normalize = normalize; cfg.initial_state = initial_state; cfg.final_state = final_state;
   cfg.intra = intra;
 
   h::check_result r;
@@ -106,7 +106,7 @@ void bind_check(nb::module_& m) {
   m.def("check_case", &check_case, nb::arg("backend"), nb::arg("device"), nb::arg("op"), nb::arg("seed"),
         nb::arg("dtype"), nb::arg("b"), nb::arg("t"), nb::arg("hq"), nb::arg("h"), nb::arg("d"), nb::arg("e"),
         nb::arg("p"), nb::arg("chunk_size"), nb::arg("layout"), nb::arg("scale"), nb::arg("gated"),
-        nb::arg("normalize"), nb::arg("initial_state"), nb::arg("final_state"), nb::arg("intra"),
+        nb::arg("resets"), nb::arg("normalize"), nb::arg("initial_state"), nb::arg("final_state"), nb::arg("intra"),
         "Runs one case of the harness (expanse::harness::check_case, as `expanse check` does) and returns "
         "backend, oracle, outputs (name, rel_error, tolerance, nonfinite, pass), skipped, error and "
         "error_status (the expanse_status of a failed run, 0 without error), pass and repro. Raises when the "

@@ -750,6 +750,8 @@ def test_check_options_and_errors():
     assert expanse.check("power_attention", tolerance=0.0, t=20).status == "fail"
     assert expanse.check("power_attention", p=3, t=20).passed  # normalize defaults to even p, as the CLI
     assert expanse.check("power_attention", h=4, t=20).passed  # hq follows h, as the CLI
+    resets = expanse.check("power_attention", t=40, chunk_size=8, resets=True, final_state=True, seed=5)
+    assert resets.passed and "--resets 1" in resets.repro
     with pytest.raises(expanse.InvalidArgumentError, match="unknown operation"):
         expanse.check("attention")
     with pytest.raises(TypeError, match="unknown settings"):
