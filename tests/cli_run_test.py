@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""`expanse run` against an independent numpy f64 implementation of SPEC.md, and malformed inputs.
+"""`expanse run` against an independent numpy f64 implementation of docs/spec.md, malformed inputs,
+inputs that are no regular files, the opt-in finite check, the dtypes of states, and what `check`
+prints on stderr and `info` says about the default backend.
 
 Usage: cli_run_test.py PATH/TO/expanse. Fresh random inputs each run (the seed is printed)."""
 import math
 import os
+import pty
 import subprocess
 import sys
 import tempfile
@@ -16,7 +19,21 @@ rng = np.random.default_rng(SEED)
 failures = []
 
 
-def run(op, inputs, *flags, expect_ok=True):
+TIMEOUT = 120  # seconds; a command that blocks (on a FIFO, say) fails instead of hanging the test
+
+
+def call(cmd, env=None, **kwargs):
+    """Runs cmd; a hang is recorded as a failure and reported as exit status None."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT,
+                              env=None if env is None else dict(os.environ, **env), **kwargs)
+    except subprocess.TimeoutExpired:
+        failures.append(f"hung for {TIMEOUT} s: {' '.join(cmd)}")
+        return subprocess.CompletedProcess(cmd, None, "", "")
+
+
+def run(op, inputs, *flags, expect_ok=True, env=None, setup=None):
+    """`expanse run op` on inputs (arrays, or raw bytes of a file); setup(input_dir) may add more."""
     with tempfile.TemporaryDirectory() as tmp:
         ind, outd = os.path.join(tmp, "in"), os.path.join(tmp, "out")
         os.makedirs(ind)
@@ -25,8 +42,12 @@ def run(op, inputs, *flags, expect_ok=True):
                 open(os.path.join(ind, name + ".npy"), "wb").write(arr)
             else:
                 np.save(os.path.join(ind, name + ".npy"), arr)
+        if setup:
+            setup(ind)
         cmd = [EXE, "run", op, "--inputs", ind, "--outputs", outd, *map(str, flags)]
-        p = subprocess.run(cmd, capture_output=True, text=True)
+        p = call(cmd, env)
+        if p.returncode is None:
+            return None, p
         if p.returncode < 0:
             failures.append(f"crash (signal {-p.returncode}): {' '.join(cmd)}\n{p.stderr}")
             return None, p
@@ -82,7 +103,9 @@ def check(name, got, ref, tol=1e-10):
 
 # ---- agreement with the independent implementation (several shapes, gating, p, GQA, ragged chunks, S0)
 for case, (b, t, hq, h, d, e, p, chunk, gated, init) in enumerate([
-        (1, 33, 2, 2, 8, 5, 2, 0, True, False),
+        (1, 33, 2, 2, 8, 5, 2, None, True, False),
+        (1, 21, 2, 1, 4, 3, 2, 0, True, True),
+        (1, 19, 2, 2, 4, 5, 2, "auto", True, False),
         (2, 50, 4, 2, 6, 7, 2, 16, True, True),
         (1, 41, 3, 1, 4, 3, 4, 8, False, False),
         (2, 29, 2, 1, 5, 4, 1, 7, True, True),
@@ -110,7 +133,7 @@ for case, (b, t, hq, h, d, e, p, chunk, gated, init) in enumerate([
             ins["z0"] = z0
     ref = power_attention(q, k, v, log_g, p, scale, normalize, S0, z0 if normalize else None)
     flags = ["--p", p, "--normalize", int(normalize), "--layout", "tensor"]
-    if chunk:
+    if chunk is not None:  # None: the default, auto (the library picks the form)
         flags += ["--chunk", chunk]
     outs, _ = run("power_attention", ins, *flags)
     if outs is not None:
@@ -149,13 +172,104 @@ malformed = [
     ("not an .npy", dict(good, k=b"hello"), [], "k"),
     ("odd p normalized", good, ["--p", "3"], "even p"),
     ("bad option", good, ["--p", "two"], "--p"),
+    ("p > 4", good, ["--p", "7"], "p must be"),
+    ("negative chunk", good, ["--chunk", "-2"], "--chunk"),
 ]
-for what, ins, flags, mention in malformed:
-    _, proc = run("power_attention", ins, *flags, expect_ok=False)
-    ok = proc.returncode in (1, 2) and mention in proc.stderr and "error" in proc.stderr
+with_nan = q.copy()
+with_nan[0, 3, 1, 2] = np.nan
+
+
+def make_fifo(name):
+    return lambda ind: os.mkfifo(os.path.join(ind, name + ".npy"))
+
+
+def make_loop(name):
+    def setup(ind):
+        os.symlink("loop_b", os.path.join(ind, "loop_a"))
+        os.symlink("loop_a", os.path.join(ind, "loop_b"))
+        os.symlink("loop_a", os.path.join(ind, name + ".npy"))
+    return setup
+
+
+# (what, inputs, flags, text the error must hold (any case), setup of the input folder)
+malformed = [m + (None,) for m in malformed] + [
+    ("a FIFO as an input file (would block open())", {"k": k, "v": v}, [], "q.npy is not a regular file (a FIFO)",
+     make_fifo("q")),
+    ("an optional input a FIFO", good, [], "log_g.npy is not a regular file", make_fifo("log_g")),
+    ("a symbolic link loop as an input file", {"k": k, "v": v}, [], "too many levels of symbolic links",
+     make_loop("q")),
+    ("NaN in q with --check-finite", dict(good, q=with_nan), ["--check-finite"], "argument 'q'", None),
+]
+for what, ins, flags, mention, setup in malformed:
+    _, proc = run("power_attention", ins, *flags, expect_ok=False, setup=setup)
+    ok = proc.returncode in (1, 2) and mention.lower() in proc.stderr.lower() and "error" in proc.stderr
     print(f"{'ok' if ok else 'FAIL':4} malformed: {what}: exit {proc.returncode}: {proc.stderr.strip()[:150]}")
     if not ok:
         failures.append(f"malformed input '{what}': exit {proc.returncode}, stderr {proc.stderr!r}")
+
+
+def expect(what, ok, detail=""):
+    print(f"{'ok' if ok else 'FAIL':4} {what}{': ' + detail if detail and not ok else ''}")
+    if not ok:
+        failures.append(f"{what}: {detail}")
+
+
+# ---- the finite check is opt-in: without it a NaN input runs and gives NaN outputs
+outs, _ = run("power_attention", dict(good, q=with_nan))
+expect("NaN in q without --check-finite runs", outs is not None and np.isnan(outs["o"]).any())
+outs, _ = run("power_attention", good, "--check-finite")
+expect("finite inputs pass --check-finite", outs is not None and np.isfinite(outs["o"]).all())
+
+# ---- states in f32 for f16/f32 inputs and in f64 for f64 inputs, on every backend
+for dtype, want in ((np.float16, np.float32), (np.float32, np.float32), (np.float64, np.float64)):
+    ins = {name: a.astype(dtype) for name, a in good.items()}
+    outs, _ = run("power_attention", ins, "--final-state")
+    expect(f"power_attention --final-state with {np.dtype(dtype).name} inputs writes {np.dtype(want).name} S, z",
+           outs is not None and outs["S"].dtype == want and outs["z"].dtype == want,
+           "" if outs is None else f"S {outs['S'].dtype}, z {outs['z'].dtype}, o {outs['o'].dtype}")
+    outs, _ = run("update_state", {"k": ins["k"], "v": ins["v"]}, "--chunk", 4)
+    expect(f"update_state with {np.dtype(dtype).name} inputs writes {np.dtype(want).name} S",
+           outs is not None and outs["S"].dtype == want)
+
+# ---- a FIFO named like a plugin on the search path: the reference runs, nothing is opened
+with tempfile.TemporaryDirectory() as plugin_dir:
+    os.mkfifo(os.path.join(plugin_dir, "libexpanse-fifo.so"))
+    env = {"EXPANSE_BACKEND_PATH": plugin_dir}
+    outs, _ = run("power_attention", good, "--backend", "reference", env=env)
+    expect("run --backend reference with a FIFO plugin on EXPANSE_BACKEND_PATH", outs is not None)
+    p = call([EXE, "info"], env)
+    expect("info lists the FIFO plugin as not a regular file",
+           p.returncode == 0 and "fifo: not available: not a regular file" in p.stdout, p.stdout[-300:])
+
+# ---- info says when the default backend cannot be used
+p = call([EXE, "info"], {"EXPANSE_BACKEND": "nosuch"})
+expect("info with EXPANSE_BACKEND=nosuch says the default backend is missing",
+       p.returncode == 0 and "NOT USABLE: missing" in p.stdout and "nosuch" in p.stderr, p.stdout[:300])
+
+# ---- check shows the case it runs on stderr only when stderr is a terminal
+check_cmd = [EXE, "check", "power_attention", "--t", "9", "--backend", "reference"]
+p = call(check_cmd)
+expect("check prints nothing on stderr when it is no terminal", p.returncode == 0 and p.stderr == "", repr(p.stderr))
+leader, follower = pty.openpty()
+try:
+    proc = subprocess.run(check_cmd, stdout=subprocess.PIPE, stderr=follower, timeout=TIMEOUT)
+    os.close(follower)
+    follower = None
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal's other side is closed: all read
+            break
+        if not chunk:
+            break
+        shown += chunk
+    expect("check shows progress on a terminal's stderr", proc.returncode == 0 and b"[1/1] power_attention" in shown,
+           repr(shown[:200]))
+finally:
+    if follower is not None:
+        os.close(follower)
+    os.close(leader)
 
 print(f"seed {SEED}")
 if failures:

@@ -5,8 +5,12 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
+
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 namespace expanse_cli {
 
@@ -139,8 +143,12 @@ std::string ArgParser::options_help() const {
   size_t width = 0;
   for (const auto& r : rows) width = std::max(width, r.first.size());
   std::string out;
+  const std::string indent(width + 4, ' ');  // continuation lines of a help text line up
   for (const auto& r : rows) {
-    out += "  " + r.first + std::string(width - r.first.size() + 2, ' ') + r.second + "\n";
+    std::string help = r.second;
+    for (size_t at = help.find('\n'); at != std::string::npos; at = help.find('\n', at + 1))
+      help.insert(at + 1, indent);
+    out += "  " + r.first + std::string(width - r.first.size() + 2, ' ') + help + "\n";
   }
   return out;
 }
@@ -176,6 +184,23 @@ double parse_double(const std::string& text, const std::string& what) {
   if (!std::isfinite(v) || errno == ERANGE)
     throw UsageError("value " + text + " for " + what + " is out of range: expected a finite number");
   return v;
+}
+
+int64_t parse_chunk(const std::string& text, const std::string& what, bool allow_auto) {
+  if (text == "auto") {
+    if (!allow_auto)
+      throw UsageError("invalid value 'auto' for " + what + ": only power_attention chooses its own chunk size; "
+                       "give a number");
+    return EXPANSE_CHUNK_AUTO;
+  }
+  if (allow_auto && !text.empty() && text[0] == '-')
+    throw UsageError("invalid value '" + text + "' for " + what + ": expected auto, 0 (the quadratic form) or a "
+                     "chunk size >= 1");
+  return parse_int(text, what, 0, INT64_MAX);
+}
+
+std::string chunk_to_string(int64_t chunk) {
+  return chunk == EXPANSE_CHUNK_AUTO ? std::string("auto") : std::to_string(chunk);
 }
 
 static std::string lower(std::string s) {
@@ -273,6 +298,36 @@ std::string shape_to_string(const std::vector<int64_t>& shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
   return out + "]";
+}
+
+// ---------------------------------------------------------------- Progress
+
+namespace {
+size_t terminal_columns() {
+  winsize ws{};
+  return ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 ? ws.ws_col : 80;
+}
+}  // namespace
+
+Progress::Progress(size_t total) : total_(total), enabled_(isatty(STDERR_FILENO) == 1) {}
+
+Progress::~Progress() { clear(); }
+
+void Progress::show(size_t index, const std::string& what) {
+  if (!enabled_) return;
+  std::string line = "[" + std::to_string(index + 1) + "/" + std::to_string(total_) + "] " + what;
+  const size_t width = terminal_columns() - 1;  // a line that wraps could not be rewritten in place
+  if (line.size() > width) line = line.substr(0, width);
+  std::fprintf(stderr, "\r\033[K%s", line.c_str());
+  std::fflush(stderr);
+  shown_ = true;
+}
+
+void Progress::clear() {
+  if (!shown_) return;
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+  shown_ = false;
 }
 
 }  // namespace expanse_cli

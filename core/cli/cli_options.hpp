@@ -109,6 +109,12 @@ double parse_double(const std::string& text, const std::string& what);
 // "0"/"1", "false"/"true", "no"/"yes", "off"/"on".
 bool parse_bool(const std::string& text, const std::string& what);
 
+// A chunk size: "auto" (EXPANSE_CHUNK_AUTO: the library picks the form and the chunk size, for
+// power_attention) when `allow_auto`, else an integer >= 0 (0: the quadratic form / one chunk).
+int64_t parse_chunk(const std::string& text, const std::string& what, bool allow_auto);
+// The spelling parse_chunk reads: "auto" or the number.
+std::string chunk_to_string(int64_t chunk);
+
 // "sympow", "tensor", "tiled:8" (also "tiled(8)", "tiled=8"): tiled with d_tile 8.
 expanse_layout parse_layout(const std::string& text, const std::string& what);
 // The spelling parse_layout reads: "sympow", "tensor", "tiled:8".
@@ -127,6 +133,26 @@ std::string op_names_list();
 
 // "[2, 3, 4]" ("[]" for a 0-d shape).
 std::string shape_to_string(const std::vector<int64_t>& shape);
+
+// ---------------------------------------------------------------- progress
+
+// Progress of a long command on stderr, shown only when stderr is a terminal (a log file or a pipe
+// gets nothing extra): one line "[3/104] <what>" rewritten in place. clear() erases it, so call it
+// before printing results to stdout (which may be the same terminal); the destructor clears too.
+class Progress {
+ public:
+  explicit Progress(size_t total);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  void show(size_t index, const std::string& what);  // index counts from 0
+  void clear();
+
+ private:
+  size_t total_;
+  bool enabled_;
+  bool shown_ = false;
+};
 
 }  // namespace expanse_cli
 

@@ -22,11 +22,15 @@ const char kUsage[] =
     "\n"
     "Times OP on random inputs (never zeros) after warm-up runs and prints one JSON object per line:\n"
     "the configuration, backend, device, median/min time in ms over --reps runs, and the achieved\n"
-    "TFLOP/s by the FLOP count of PERFORMANCE.md (update_state 2De per token and kv head, query_state\n"
+    "TFLOP/s by the FLOP count of docs/performance.md (update_state 2De per token and kv head, query_state\n"
     "2De per token and query head, intra-chunk attention c(d+e) per token and query head). Each run is\n"
     "timed with the backend's device events (CUDA events) where it has them, else with a host clock to\n"
-    "completion of the device work; up to 4 input sets are cycled when they fit in L2 together. --ts gives a list of sequence lengths (default: --t).\n"
-    "Defaults are config P1: b=1, h=hq=8, d=e=64, p=2, bf16, gated, chunk 128.\n";
+    "completion of the device work; up to 4 input sets are cycled when they fit in L2 together.\n"
+    "--ts gives a list of sequence lengths (default: --t). When stderr is a terminal, the length being\n"
+    "timed is shown there.\n"
+    "Defaults are config P1 of docs/performance.md: b=1, h=hq=8, d=e=64, p=2, bf16, gated, t=4096,\n"
+    "chunk 128; power_attention's chunk is auto (the library's choice, run untimed once to read it;\n"
+    "the JSON gives the chunk size that ran and chunk_auto 1).\n";
 
 std::string json_escape(const std::string& s) {
   std::string out;
@@ -37,7 +41,7 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
-// Forward FLOPs by PERFORMANCE.md's model (the chunked algorithm; quadratic for c = 0).
+// Forward FLOPs by docs/performance.md's model (the chunked algorithm; quadratic for c = 0).
 double flop_count(const h::op_config& c) {
   const double D = c.op == EXPANSE_OP_DISCUMSUM ? 0 : double(expanse::expanded_dim(c.p, c.d, c.layout));
   const double tokens = double(c.b) * double(c.t);
@@ -84,6 +88,17 @@ struct rotation {
   }
 };
 
+// The chunk size power_attention runs with: the backend's choice for auto, read from the arguments
+// of one (untimed) run; cfg.c otherwise.
+int64_t resolved_chunk(expanse::context& ctx, h::prepared_run& run, const h::op_config& cfg) {
+  if (cfg.op != EXPANSE_OP_POWER_ATTENTION || cfg.c != EXPANSE_CHUNK_AUTO) return cfg.c;
+  int64_t chunk = cfg.c;
+  run.execute([&](void* args) {
+    expanse::check(expanse_resolved_chunk_size(ctx.get(), static_cast<const expanse_power_attention_args*>(args), &chunk));
+  });
+  return chunk;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -94,6 +109,7 @@ int cmd_bench(int argc, char** argv) {
       {"warmup", true, "N", "untimed runs first (default 3)"},
       {"reps", true, "N", "timed runs (default 10)"},
       {"seed", true, "S", "random seed (default 1)"},
+      {"check-finite", false, "", "let the library scan every input for NaN and infinity (timed with it)"},
   };
   for (const OptionSpec& s : case_option_specs()) specs.push_back(s);
   ArgParser args("bench", specs);
@@ -105,7 +121,7 @@ int cmd_bench(int argc, char** argv) {
   if (args.positional().size() != 1) throw UsageError("bench: give exactly one operation name (see --help)");
   const expanse_op_kind op = parse_op(args.positional()[0], "operation");
 
-  h::op_config p1;  // PERFORMANCE.md config P1
+  h::op_config p1;  // docs/performance.md config P1
   p1.b = 1; p1.t = 4096; p1.hq = p1.h = 8; p1.d = p1.e = 64; p1.p = 2; p1.c = 128;
   p1.dtype = EXPANSE_BF16; p1.gated = true; p1.normalize = true;
   if (op == EXPANSE_OP_POWER_ATTENTION_STEP) p1.t = 1;
@@ -125,12 +141,16 @@ int cmd_bench(int argc, char** argv) {
   const int32_t device = static_cast<int32_t>(args.get_int("device", 0, 0, 1 << 16));
 
   expanse::context ctx(backend, device);
+  if (args.get_flag("check-finite")) ctx.set_check_finite(true);
   expanse_device_info info;
   check_status(expanse_backend_device_info(backend.c_str(), device, &info), "device info");
 
-  for (int64_t t : ts) {
+  Progress progress(ts.size());
+  for (size_t ti = 0; ti < ts.size(); ++ti) {
     h::op_config cfg = base;
-    cfg.t = t;
+    cfg.t = ts[ti];
+    progress.show(ti, std::string(expanse_op_name(op)) + " t=" + std::to_string(cfg.t) + ": " +
+                          std::to_string(warmup) + " warm-up and " + std::to_string(reps) + " timed runs");
     // Several input sets, cycled, when they fit in the L2 cache together (so a run does not find
     // the previous run's inputs cached); one set otherwise.
     const size_t set_bytes = input_bytes(h::make_inputs(cfg, seed, /*consistent=*/false));
@@ -138,6 +158,8 @@ int cmd_bench(int argc, char** argv) {
     std::vector<std::unique_ptr<h::prepared_run>> runs;
     for (int s = 0; s < sets; ++s)
       runs.push_back(std::make_unique<h::prepared_run>(ctx, cfg, h::make_inputs(cfg, seed + s, false), false));
+    h::op_config ran = cfg;  // with the chunk size that runs, for the FLOP count and the JSON
+    ran.c = resolved_chunk(ctx, *runs.front(), cfg);
     rotation rot{&runs, 0, {}};
     for (int i = 0; i < warmup; ++i) rot.next();
     ctx.synchronize();
@@ -158,14 +180,15 @@ int cmd_bench(int argc, char** argv) {
       }
     }
     std::sort(ms.begin(), ms.end());
-    const double median = ms[ms.size() / 2], flops = flop_count(cfg);
+    const double median = ms[ms.size() / 2], flops = flop_count(ran);
+    progress.clear();
     std::printf("{\"op\":\"%s\",\"backend\":\"%s\",\"device\":\"%s\",\"version\":\"%s\",\"config\":\"%s\","
-                "\"b\":%lld,\"t\":%lld,\"hq\":%lld,\"h\":%lld,\"d\":%lld,\"e\":%lld,\"p\":%d,\"chunk\":%lld,"
+                "\"b\":%lld,\"t\":%lld,\"hq\":%lld,\"h\":%lld,\"d\":%lld,\"e\":%lld,\"p\":%d,\"chunk\":%lld,\"chunk_auto\":%d,"
                 "\"dtype\":\"%s\",\"gated\":%d,\"median_ms\":%.6g,\"min_ms\":%.6g,\"reps\":%d,\"flop\":%.6g,"
                 "\"tflops\":%.6g,\"timer\":\"%s\",\"input_sets\":%d}\n",
                 expanse_op_name(op), json_escape(backend).c_str(), json_escape(info.name).c_str(), expanse_version(),
                 json_escape(cfg.label()).c_str(), (long long)cfg.b, (long long)cfg.t, (long long)cfg.hq,
-                (long long)cfg.h, (long long)cfg.d, (long long)cfg.e, cfg.p, (long long)cfg.c,
+                (long long)cfg.h, (long long)cfg.d, (long long)cfg.e, cfg.p, (long long)ran.c, int(cfg.c == EXPANSE_CHUNK_AUTO),
                 expanse_dtype_name(cfg.dtype), int(cfg.gated), median, ms.front(), reps, flops,
                 flops / (median * 1e-3) / 1e12, device_timer ? "device events" : "host clock", sets);
     std::fflush(stdout);

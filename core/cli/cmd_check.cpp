@@ -1,6 +1,6 @@
 // `expanse check`: run operations on fresh random inputs on a backend and compare every output with
 // the oracle (the reference backend; for the reference itself, the independent naive f64
-// implementation), printing per-output relative errors against the SPEC.md tolerance.
+// implementation), printing per-output relative errors against the docs/spec.md tolerance.
 #include <cstdio>
 #include <random>
 
@@ -19,12 +19,13 @@ const char kUsage[] =
     "Runs OP (or every operation) on fresh random inputs on a backend and compares each output with\n"
     "the oracle: the reference backend, or for `--backend reference` an independent naive f64\n"
     "implementation. Prints the relative Frobenius error ||out - ref|| / ||ref|| of every output with\n"
-    "the SPEC.md tolerance of the input dtype (f32 1e-5, f16 2e-3, bf16 5e-3, f64 1e-12). A case the\n"
+    "the docs/spec.md tolerance of the input dtype (f32 1e-5, f16 2e-3, bf16 5e-3, f64 1e-12). A case the\n"
     "backend declines is reported as SKIP with its reason. Exit status 1 on any failure.\n"
     "\n"
     "Without case options a few representative cases per operation run (--full: the whole shared case\n"
     "table of the test suite). With case options (--t, --p, ...) exactly one case of OP runs.\n"
-    "Every failing case prints a command line that reruns it.\n";
+    "Every failing case prints a command line that reruns it. When stderr is a terminal, the case\n"
+    "being run is shown there.\n";
 
 void print_result(const h::check_result& r) {
   const char* verdict = !r.error.empty() ? "FAIL" : !r.skipped.empty() ? "SKIP" : r.pass() ? "PASS" : "FAIL";
@@ -47,6 +48,7 @@ int cmd_check(int argc, char** argv) {
       {"device", true, "N", "device index (default 0)"},
       {"seed", true, "S", "random seed (default: fresh, printed)"},
       {"full", false, "", "run the whole shared case table"},
+      {"check-finite", false, "", "let the library scan every input for NaN and infinity first"},
   };
   for (const OptionSpec& s : case_option_specs()) specs.push_back(s);
   ArgParser args("check", specs);
@@ -67,6 +69,7 @@ int cmd_check(int argc, char** argv) {
   const uint64_t seed = args.has("seed") ? static_cast<uint64_t>(args.get_int("seed", 0, 0))
                                          : static_cast<uint64_t>(std::random_device{}() & 0x7fffffff);
   expanse::context ctx(backend, device);
+  if (args.get_flag("check-finite")) ctx.set_check_finite(true);
   std::printf("expanse check: backend %s, device %d, seed %llu\n", backend.c_str(), device,
               static_cast<unsigned long long>(seed));
 
@@ -83,8 +86,11 @@ int cmd_check(int argc, char** argv) {
   }
 
   int passed = 0, failed = 0, skipped = 0;
+  Progress progress(cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
+    progress.show(i, cases[i].label());
     const h::check_result r = h::check_case(ctx, cases[i], seed + i);
+    progress.clear();
     print_result(r);
     std::fflush(stdout);
     if (!r.pass()) ++failed;

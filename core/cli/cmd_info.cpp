@@ -1,8 +1,10 @@
 // `expanse info`: the library version, the default backend, and every backend the registry knows
 // with its availability, module, ABI version and devices.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "cli_options.hpp"
 #include "commands.hpp"
@@ -35,10 +37,34 @@ void print_help(const ArgParser& args) {
       "\n"
       "Prints the library version, the default backend ($EXPANSE_BACKEND or \"reference\"), the\n"
       "plugin search path $EXPANSE_BACKEND_PATH, and every backend found: whether it is available\n"
-      "(and why not), its module file, plugin ABI version and devices.\n"
+      "(and why not), its module file, plugin ABI version and devices. Listing loads every plugin\n"
+      "module found. When the default backend is missing or unavailable, the default backend line\n"
+      "says so and why (and so does a warning on stderr); the exit status stays 0.\n"
       "\n"
       "options:\n%s",
       args.options_help().c_str());
+}
+
+// One entry of the backend list: its information, or why there is none.
+struct Listed {
+  expanse_backend_info info{};
+  std::string error;
+};
+
+std::vector<Listed> list_backends() {
+  std::vector<Listed> out(static_cast<size_t>(std::max(expanse_backend_count(), 0)));
+  for (size_t i = 0; i < out.size(); ++i)
+    if (expanse_backend_get_info(static_cast<int32_t>(i), &out[i].info) != EXPANSE_OK) out[i].error = expanse_last_error();
+  return out;
+}
+
+// Why the default backend cannot be used ("" when it can): every other command would fail with it.
+std::string default_backend_problem(const std::string& name, const std::vector<Listed>& listed) {
+  for (const Listed& b : listed)
+    if (b.error.empty() && field(b.info.name) == name)
+      return b.info.available ? std::string() : "unavailable: " + field(b.info.reason);
+  return "missing: no backend of that name was found (the built-in reference, or a module libexpanse-" + name +
+         ".so beside libexpanse.so or in $EXPANSE_BACKEND_PATH)";
 }
 
 }  // namespace
@@ -56,21 +82,24 @@ int cmd_info(int argc, char** argv) {
   const char* version = expanse_version();
   std::printf("expanse %s\n", version ? version : "(unknown version)");
 
-  const char* def = expanse_default_backend();
+  const std::vector<Listed> listed = list_backends();
+  const std::string def = expanse_default_backend();
   const char* env_backend = std::getenv("EXPANSE_BACKEND");
-  std::printf("default backend: %s%s\n", def ? def : "(none)",
-              (env_backend && *env_backend) ? "  (from $EXPANSE_BACKEND)" : "");
+  const std::string problem = default_backend_problem(def, listed);
+  std::printf("default backend: %s%s%s\n", def.c_str(), (env_backend && *env_backend) ? "  (from $EXPANSE_BACKEND)" : "",
+              problem.empty() ? "" : ("  NOT USABLE: " + problem).c_str());
+  if (!problem.empty())
+    std::fprintf(stderr, "expanse: warning: the default backend '%s' is not usable: %s\n", def.c_str(), problem.c_str());
   const char* path = std::getenv("EXPANSE_BACKEND_PATH");
   std::printf("EXPANSE_BACKEND_PATH: %s\n", (path && *path) ? path : "(not set)");
 
-  const int32_t count = expanse_backend_count();
-  std::printf("backends: %d\n", count);
-  for (int32_t i = 0; i < count; ++i) {
-    expanse_backend_info bi{};
-    if (expanse_backend_get_info(i, &bi) != EXPANSE_OK) {
-      std::printf("  [%d] (no information: %s)\n", i, expanse_last_error());
+  std::printf("backends: %zu\n", listed.size());
+  for (size_t i = 0; i < listed.size(); ++i) {
+    if (!listed[i].error.empty()) {
+      std::printf("  [%zu] (no information: %s)\n", i, listed[i].error.c_str());
       continue;
     }
+    const expanse_backend_info& bi = listed[i].info;
     const std::string name = field(bi.name);
     const std::string module = field(bi.path);
     std::printf("  %s: %s\n", name.c_str(),

@@ -1,6 +1,6 @@
 // `expanse run <op>`: run one operation once on .npy inputs and write its outputs as .npy files.
 //
-// The library validates ranks, shapes and dtypes (SPEC.md "Bad input"); this command only derives
+// The library validates ranks, shapes and dtypes (docs/spec.md "Bad input"); this command only derives
 // output shapes from input shapes, so it checks the ranks it needs for that and nothing more.
 #include <cmath>
 #include <cstdio>
@@ -139,11 +139,15 @@ const std::vector<OptionSpec>& run_options() {
       {"device", true, "N", "device index on the backend (default 0)"},
       {"p", true, "P", "degree of the power (default 2; p = 1 is linear attention)"},
       {"scale", true, "S", "query scale (default 0: the library's 1/sqrt(d))"},
-      {"chunk", true, "C", "chunk size (0 or absent: the whole sequence / quadratic form)"},
+      {"chunk", true, "C", "chunk size: power_attention auto (default: the library picks the form and size),\n"
+                           "0 (the quadratic form) or C; update_state, query_state C >= 1 (required);\n"
+                           "chunk_attention C (0 or absent: one chunk)"},
       {"normalize", true, "0|1", "divide by the normalizer (default 1; needs an even p)"},
       {"layout", true, "L", "feature-map layout: sympow (default), tensor, tiled:N"},
       {"dtype", true, "T", "convert the token inputs to T (f16, bf16, f32, f64) before running"},
       {"final-state", false, "", "power_attention: also write the final state S, z"},
+      {"check-finite", false, "", "refuse inputs holding NaN or infinity (log_g = -inf is a reset), naming\n"
+                                  "the input and the index of its first such element"},
   };
   return specs;
 }
@@ -169,7 +173,7 @@ void print_help(const ArgParser& args) {
       "\n"
       "Reads the inputs of <op> from DIR/<name>.npy, runs the op once and writes each output to\n"
       "DIR/<name>.npy, printing one line per output (name, shape, dtype). Inputs in [brackets] are\n"
-      "optional and used when their file exists. Shapes follow SPEC.md: token tensors are\n"
+      "optional and used when their file exists. Shapes follow docs/spec.md: token tensors are\n"
       "[b,t,heads,dim], n = ceil(t / chunk), D = expanded dim of phi for p, d and the layout.\n"
       "\n"
       "operations and files:\n"
@@ -194,17 +198,19 @@ void print_help(const ArgParser& args) {
       "dtypes: inputs are .npy float16/float32/float64 arrays (C order). By default they are used in\n"
       "their file dtype. --dtype T converts the token inputs (x, q, k, v, and X of discumsum) to T;\n"
       "gates and states (log_g, A, S, z, S0, z0, Y_init, y, l, rowmax) are used as read when\n"
-      "float32/float64 and converted to float32 otherwise. The main output (out, Y, o) has the\n"
-      "dtype of x, X, q (query_state) or v; the state outputs (S, z) and y, l, rowmax are f64 on the\n"
-      "reference backend and f32 on any other backend; the updated S, z of power_attention_step keep\n"
-      "their input dtype. numpy has no bfloat16: bf16 outputs are written as float32 files\n"
+      "float32/float64 and converted to float32 otherwise. The main output (out, o) has the dtype of\n"
+      "x, q (query_state) or v. The states and accumulators (S, z, Y, y, l, rowmax) are written in\n"
+      "f32 for f16, bf16 and f32 token inputs and in f64 for f64 inputs, on every backend (as the\n"
+      "Python package returns them); the updated S, z of power_attention_step keep their input\n"
+      "dtype. numpy has no bfloat16: bf16 outputs are written as float32 files\n"
       "(exactly). Outputs are filled with NaN before the run, so an element a backend does not\n"
       "write shows up as NaN.\n"
       "\n"
       "options:\n%s"
       "\n"
       "example:\n"
-      "  expanse run power_attention --inputs in --outputs out --p 2 --chunk 64 --final-state\n",
+      "  expanse run power_attention --inputs in --outputs out --p 2 --final-state\n"
+      "  expanse run power_attention --inputs in --outputs out --p 2 --chunk 64 --check-finite\n",
       args.options_help().c_str());
 }
 
@@ -217,15 +223,19 @@ struct Settings {
   int32_t device = 0;
   int32_t p = 2;
   double scale = 0.0;
-  int64_t chunk = 0;
+  int64_t chunk = 0;  // EXPANSE_CHUNK_AUTO for power_attention unless --chunk says otherwise
   bool has_chunk = false;
   bool normalize = true;
   expanse_layout layout{};
   bool has_dtype = false;
   expanse_dtype dtype = EXPANSE_F32;
   bool final_state = false;
-  expanse_dtype state_dtype = EXPANSE_F32;
+  bool check_finite = false;
 };
+
+// The dtype of the states and accumulators an op writes: f64 for f64 token inputs, f32 otherwise,
+// whatever the backend (one meaning per dtype, as in the Python package).
+expanse_dtype state_dtype(const NpyArray* token) { return token->dtype == EXPANSE_F64 ? EXPANSE_F64 : EXPANSE_F32; }
 
 // Holds the host arrays (inputs and outputs) of one run; addresses are stable.
 class Arrays {
@@ -236,12 +246,12 @@ class Arrays {
   NpyArray* load(const std::string& name, bool required) {
     const fs::path file = s_.in_dir / (name + ".npy");
     std::error_code ec;
-    const bool exists = fs::exists(file, ec);
-    if (!exists) {
+    if (fs::status(file, ec).type() == fs::file_type::not_found) {
       if (!required) return nullptr;
       throw std::runtime_error(s_.op_name + " needs the input file " + file.string() +
                                ", which does not exist");
     }
+    // Anything else that is wrong with the path (a FIFO, a symbolic link loop) npy_read reports.
     auto a = std::make_unique<NpyArray>(npy_read(file.string()));
     files_.emplace_back(a.get(), file.string());
     arrays_.push_back(std::move(a));
@@ -371,7 +381,6 @@ void execute(const Settings& s, expanse_context* ctx, Binder& bind, const void* 
 }
 
 void run_op(const Settings& s, expanse_context* ctx, Binder& bind, Arrays& io) {
-  const expanse_dtype sd = s.state_dtype;
   switch (s.op) {
     case EXPANSE_OP_SYMPOW_EXPAND: {
       NpyArray* x = io.token("x");
@@ -397,8 +406,8 @@ void run_op(const Settings& s, expanse_context* ctx, Binder& bind, Arrays& io) {
       io.need_rank(v, {4}, "v", "[b,t,h,e]");
       const int64_t b = k->shape[0], t = k->shape[1], h = k->shape[2], d = k->shape[3];
       const int64_t e = v->shape[3], n = chunk_count(t, s.chunk), D = expanded_dim(s, d);
-      NpyArray* S = io.output("S", {b, n, h, D, e}, sd);
-      NpyArray* z = io.output("z", {b, n, h, D}, sd);
+      NpyArray* S = io.output("S", {b, n, h, D, e}, state_dtype(k));
+      NpyArray* z = io.output("z", {b, n, h, D}, state_dtype(k));
       expanse_update_state_args a;
       expanse_update_state_args_init(&a);
       a.k = bind.input(k);
@@ -420,7 +429,7 @@ void run_op(const Settings& s, expanse_context* ctx, Binder& bind, Arrays& io) {
       std::vector<int64_t> shape = X->shape;
       if (shape[1] == INT64_MAX) throw std::runtime_error("X has too many chunks");
       shape[1] += 1;
-      NpyArray* Y = io.output("Y", shape, sd);  // an accumulator: f32, or f64 on the reference
+      NpyArray* Y = io.output("Y", shape, state_dtype(X));
       expanse_discumsum_args a;
       expanse_discumsum_args_init(&a);
       a.X = bind.input(X);
@@ -469,9 +478,9 @@ void run_op(const Settings& s, expanse_context* ctx, Binder& bind, Arrays& io) {
       io.need_rank(q, {4}, "q", "[b,t,hq,d]");
       io.need_rank(v, {4}, "v", "[b,t,h,e]");
       const int64_t b = q->shape[0], t = q->shape[1], hq = q->shape[2], e = v->shape[3];
-      NpyArray* y = io.output("y", {b, t, hq, e}, sd);
-      NpyArray* l = io.output("l", {b, t, hq}, sd);
-      NpyArray* rowmax = io.output("rowmax", {b, t, hq}, sd);
+      NpyArray* y = io.output("y", {b, t, hq, e}, state_dtype(q));
+      NpyArray* l = io.output("l", {b, t, hq}, state_dtype(q));
+      NpyArray* rowmax = io.output("rowmax", {b, t, hq}, state_dtype(q));
       expanse_chunk_attention_args a;
       expanse_chunk_attention_args_init(&a);
       a.q = bind.input(q);
@@ -503,8 +512,8 @@ void run_op(const Settings& s, expanse_context* ctx, Binder& bind, Arrays& io) {
       if (s.final_state) {
         io.need_rank(k, {4}, "k", "[b,t,h,d]");
         const int64_t h = k->shape[2], D = expanded_dim(s, k->shape[3]);
-        S = io.output("S", {b, h, D, e}, sd);
-        z = io.output("z", {b, h, D}, sd);
+        S = io.output("S", {b, h, D, e}, state_dtype(q));
+        z = io.output("z", {b, h, D}, state_dtype(q));
       }
       expanse_power_attention_args a;
       expanse_power_attention_args_init(&a);
@@ -560,6 +569,18 @@ void run_op(const Settings& s, expanse_context* ctx, Binder& bind, Arrays& io) {
   throw std::runtime_error("operation " + s.op_name + " is not handled by expanse run");
 }
 
+// Throws unless `dir` is a readable directory, with the system's reason (a symbolic link loop is
+// not "does not exist").
+void check_input_dir(const fs::path& dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (st.type() == fs::file_type::not_found)
+    throw std::runtime_error("input directory " + dir.string() + " does not exist");
+  if (ec) throw std::runtime_error("input directory " + dir.string() + " cannot be read: " + ec.message());
+  if (st.type() != fs::file_type::directory)
+    throw std::runtime_error("--inputs " + dir.string() + " is not a directory");
+}
+
 }  // namespace
 
 int cmd_run(int argc, char** argv) {
@@ -585,19 +606,22 @@ int cmd_run(int argc, char** argv) {
   s.device = static_cast<int32_t>(args.get_int("device", 0, 0, INT32_MAX));
   s.p = static_cast<int32_t>(args.get_int("p", 2, 1, INT32_MAX));
   s.scale = args.get_double("scale", 0.0);
+  const bool attention = s.op == EXPANSE_OP_POWER_ATTENTION;
   s.has_chunk = args.has("chunk");
-  s.chunk = args.get_int("chunk", 0, 0, INT64_MAX);
+  s.chunk = s.has_chunk ? parse_chunk(*args.value("chunk"), "--chunk", /*allow_auto=*/attention)
+                        : attention ? EXPANSE_CHUNK_AUTO : 0;
   s.normalize = args.has("normalize") ? parse_bool(*args.value("normalize"), "--normalize") : true;
   s.layout = parse_layout(args.get_string("layout", "sympow"), "--layout");
   s.has_dtype = args.has("dtype");
   if (s.has_dtype) s.dtype = parse_dtype(*args.value("dtype"), "--dtype");
   s.final_state = args.get_flag("final-state");
+  s.check_finite = args.get_flag("check-finite");
 
   // Options the op does not read are most likely a mistake: say so, but run.
   const std::vector<std::string> used = op_options(s.op);
   for (const auto& name : args.given()) {
     if (name == "inputs" || name == "outputs" || name == "backend" || name == "device" ||
-        name == "dtype")
+        name == "dtype" || name == "check-finite")
       continue;
     bool ok = false;
     for (const auto& u : used) ok = ok || (u == name);
@@ -606,18 +630,14 @@ int cmd_run(int argc, char** argv) {
                    s.op_name.c_str());
   }
 
-  std::error_code ec;
-  if (!fs::is_directory(s.in_dir, ec))
-    throw std::runtime_error("input directory " + s.in_dir.string() + " does not exist");
+  check_input_dir(s.in_dir);
 
   const char* def_backend = expanse_default_backend();
   const std::string backend = args.get_string("backend", def_backend ? def_backend : "reference");
   Context ctx(backend, s.device);
   const int32_t device_type = expanse_context_device_type(ctx.get());
-  const char* ctx_backend = expanse_context_backend(ctx.get());
-  const bool reference = device_type == EXPANSE_DEVICE_CPU && ctx_backend != nullptr &&
-                         std::string(ctx_backend) == "reference";
-  s.state_dtype = reference ? EXPANSE_F64 : EXPANSE_F32;
+  if (s.check_finite)
+    check_status(expanse_context_set_check_finite(ctx.get(), 1), "expanse_context_set_check_finite");
 
   Arrays io(s);
   {
@@ -625,6 +645,7 @@ int cmd_run(int argc, char** argv) {
     run_op(s, ctx.get(), bind, io);
   }  // device buffers are freed here, before the context
 
+  std::error_code ec;
   fs::create_directories(s.out_dir, ec);
   if (ec || !fs::is_directory(s.out_dir))
     throw std::runtime_error("cannot create the output directory " + s.out_dir.string() +

@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include <sys/stat.h>
+
 namespace expanse_cli {
 
 namespace {
@@ -345,7 +347,26 @@ NpyHeader npy_parse_header(const std::string& text, const std::string& file) {
   return DictParser(text, file).parse();
 }
 
+namespace {
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+}  // namespace
+
+void require_regular_file(const std::string& path) {
+  struct stat st{};
+  if (stat(path.c_str(), &st) != 0) fail(path, std::string("cannot be read: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    fail(path, std::string("is not a regular file (") + file_kind(st.st_mode) + "): only regular files are read");
+}
+
 NpyArray npy_read(const std::string& path) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, std::string("cannot be opened for reading: ") + std::strerror(errno));
   in.seekg(0, std::ios::end);
@@ -454,6 +475,10 @@ void npy_write(const std::string& path, expanse_dtype dtype, const std::vector<i
   dict += '\n';
   if (dict.size() > 65535) fail(path, "cannot be written: header too long for format version 1.0");
 
+  // Only a missing path or a regular file is written: opening a FIFO for writing would block.
+  struct stat st{};
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail(path, std::string("cannot be written: it exists and is not a regular file (") + file_kind(st.st_mode) + ")");
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) fail(path, std::string("cannot be opened for writing: ") + std::strerror(errno));
   unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,

@@ -35,10 +35,16 @@ struct NpyHeader {
   std::vector<int64_t> shape;
 };
 
-// Reads a .npy file. Throws std::runtime_error naming `path` on any problem.
+// Throws std::runtime_error naming `path` unless it is a regular file: open() on a FIFO or a device
+// can block forever, and a path that cannot be examined gets the system's reason (a symbolic link
+// loop is not "missing").
+void require_regular_file(const std::string& path);
+
+// Reads a .npy file (a regular file only). Throws std::runtime_error naming `path` on any problem.
 NpyArray npy_read(const std::string& path);
 
-// Writes `data` (numel(shape) elements of `dtype`, C order, host byte order) as a version 1.0 .npy.
+// Writes `data` (numel(shape) elements of `dtype`, C order, host byte order) as a version 1.0 .npy,
+// replacing a regular file of that name but nothing else (a FIFO would block the write).
 // numpy has no bfloat16: EXPANSE_BF16 data is written widened (exactly) to float32 ('<f4').
 void npy_write(const std::string& path, expanse_dtype dtype, const std::vector<int64_t>& shape,
                const void* data);
