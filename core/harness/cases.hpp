@@ -105,7 +105,7 @@ struct comparison {
   bool pass = false;
 };
 
-// SPEC.md tolerance per dtype: f64 1e-12 (oracle), f32 1e-5, f16 2e-3, bf16 5e-3.
+// docs/spec.md tolerance per dtype: f64 1e-12 (oracle), f32 1e-5, f16 2e-3, bf16 5e-3.
 double tolerance_for(expanse_dtype dtype);
 std::vector<comparison> compare(const tensor_map& out, const tensor_map& ref, double tolerance);
 

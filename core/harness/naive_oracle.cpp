@@ -1,4 +1,4 @@
-// The independent naive f64 oracle (see naive_oracle.hpp). Written directly from SPEC.md with plain
+// The independent naive f64 oracle (see naive_oracle.hpp). Written directly from docs/spec.md with plain
 // nested loops and simple recursion; clarity over speed. Shares no code with the reference backend.
 #include "naive_oracle.hpp"
 

@@ -1,4 +1,4 @@
-// An independent, deliberately naive f64 implementation of every operation of SPEC.md, written
+// An independent, deliberately naive f64 implementation of every operation of docs/spec.md, written
 // from the formulas with plain loops and no code shared with the reference backend. It is the
 // oracle for the reference itself (the reference is the oracle for every other backend).
 #pragma once
@@ -7,7 +7,7 @@
 
 namespace expanse::harness::naive {
 
-// phi(x) for one vector of length d in `layout` (SPEC.md), length D.
+// phi(x) for one vector of length d in `layout` (docs/spec.md), length D.
 std::vector<double> phi(const std::vector<double>& x, int32_t p, expanse_layout layout);
 
 // Computes the outputs of cfg (names and shapes as in cases.hpp) in f64 from the inputs (any dtype,

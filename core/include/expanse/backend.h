@@ -2,7 +2,7 @@
  *
  * A module exports one C symbol, `expanse_backend_entry`, returning a pointer to a static
  * expanse_backend table. The core checks abi_version before calling anything else, then init(), and
- * afterwards calls the other functions only with inputs it has already validated against SPEC.md:
+ * afterwards calls the other functions only with inputs it has already validated against docs/spec.md:
  * every expanse_op carries the sizes the core derived (expanse_problem), so a backend only decides
  * whether it implements the problem and runs it. No C++ type or exception crosses this boundary;
  * errors come back as a status plus text written into a caller buffer.

@@ -2,7 +2,7 @@
  *
  * The C ABI of libexpanse.so. Every function returns an expanse_status; on failure the text of the
  * error, naming the offending argument, is available from expanse_last_error() on the same thread.
- * No exception crosses this boundary. The functions computed are defined in SPEC.md (docs/spec.md).
+ * No exception crosses this boundary. The functions computed are defined in docs/spec.md.
  *
  * Typical use:
  *   expanse_context* ctx;
@@ -94,7 +94,7 @@ typedef struct expanse_layout {
 EXPANSE_API expanse_status expanse_expanded_dim(int32_t p, int64_t d, expanse_layout layout,
                                                 int64_t* D);
 
-/* ---------------------------------------------------------------- operations (SPEC.md) */
+/* ---------------------------------------------------------------- operations (docs/spec.md) */
 
 typedef enum expanse_op_kind {
   EXPANSE_OP_SYMPOW_EXPAND = 0,
