@@ -28,7 +28,7 @@ static int64_t power_checked(int64_t base, int32_t p) {
 
 // C(n + p - 1, p), the number of multisets of size p from n things; -1 on overflow.
 static int64_t multisets_checked(int64_t n, int32_t p) {
-  return n > INT64_MAX - (p - 1) ? -1 : binomial_checked(n + p - 1, p);
+  return n > INT64_MAX - (p - 1) ? -1 : binomial_checked(n + (p - 1), p);
 }
 
 int64_t expanded_dim_checked(int32_t p, int64_t d, expanse_layout layout) {

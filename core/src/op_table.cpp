@@ -102,6 +102,17 @@ const expanse_tensor* tensor_at(const void* args, const expanse_tensor_arg_info&
   return t;
 }
 
+bool writes_anything(const op_tensor_table& table, const void* args) {
+  for (int32_t i = 0; i < table.count; ++i) {
+    const expanse_tensor* t = tensor_at(args, table.args[i]);
+    if (table.args[i].role == EXPANSE_ARG_INPUT || !t) continue;
+    bool empty = false;
+    for (int d = 0; d < t->ndim; ++d) empty = empty || t->shape[d] == 0;
+    if (!empty) return true;
+  }
+  return false;
+}
+
 }  // namespace expanse::detail
 
 using namespace expanse::detail;

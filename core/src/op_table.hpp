@@ -17,5 +17,7 @@ struct op_tensor_table {
 const op_tensor_table* op_tensors(int32_t kind);
 // The tensor pointer stored in the args struct's field `info` (may be NULL).
 const expanse_tensor* tensor_at(const void* args, const expanse_tensor_arg_info& info);
+// Whether any output (or in-place argument) of a validated op has an element to write.
+bool writes_anything(const op_tensor_table& table, const void* args);
 
 }  // namespace expanse::detail
