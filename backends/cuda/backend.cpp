@@ -176,11 +176,13 @@ expanse_status synchronize(int32_t device, void* stream, char* err, size_t err_l
   return e == cudaSuccess ? EXPANSE_OK : cuda_failure(e, "cudaStreamSynchronize", err, err_len);
 }
 
-// Extras by name: device timing with CUDA events, for `expanse bench`.
+// Extras by name: device timing with CUDA events, for `expanse bench`; the chunk size of
+// EXPANSE_CHUNK_AUTO (chunk_choice.cpp).
 int timer_elapsed_ms(void* stream, void (*body)(void*), void* user, int reps, float* ms_out);
 
 void* get_proc_address(const char* name) {
   if (std::strcmp(name, "expanse_timed_runs") == 0) return reinterpret_cast<void*>(&timer_elapsed_ms);
+  if (std::strcmp(name, EXPANSE_CHOOSE_CHUNK_SIZE_PROC) == 0) return reinterpret_cast<void*>(&choose_chunk_size);
   return nullptr;
 }
 

@@ -86,4 +86,7 @@ const char* op_name(expanse_op_kind kind);
 // Throws std::runtime_error with the CUDA error text when the last launch failed.
 void check_launch(const char* what);
 
+// power_attention's chunk size for EXPANSE_CHUNK_AUTO (0: the quadratic form), chunk_choice.cpp.
+int64_t choose_chunk_size(const expanse_problem* problem);
+
 }  // namespace expanse_cuda

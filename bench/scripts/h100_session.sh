@@ -2,7 +2,8 @@
 # The GPU-host session: build with the CUDA backend (sm_90a), run the whole test suite, check every
 # operation on the cuda backend, run compute-sanitizer on a subset, and time the P1 benchmarks.
 # Usage: bench/scripts/h100_session.sh OUTDIR [stages...]; stages: build test check sanitize bench
-# (default: all). Logs and bench results land in OUTDIR.
+# chunks (default: all but chunks). Logs and bench results land in OUTDIR. `chunks` times
+# power_attention with the automatic chunk size against every explicit one, over several shapes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: h100_session.sh OUTDIR [stages...]}; shift
@@ -57,4 +58,26 @@ if has bench; then
     $exe bench power_attention --backend cuda --ts 4096,16384,65536 --chunk $c --reps 20 | stamp | tee -a "$out/p1_chunk_sweep.jsonl"
   done
   $exe bench power_attention --backend cuda --ts 1024,4096 --chunk 0 --reps 20 | stamp | tee -a "$out/p1_chunk_sweep.jsonl"
+fi
+if has chunks; then
+  commit=${EXPANSE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+  stamp() { python3 -c 'import json,sys; [print(json.dumps({**json.loads(l), "commit": sys.argv[1], "date": sys.argv[2]})) for l in sys.stdin if l.startswith("{")]' "$commit" "$(date -u +%F)"; }
+  # shape name | case options | sequence lengths (the quadratic form only up to 16384)
+  while IFS='|' read -r name opts ts; do
+    for c in auto 0 256 512 1024 2048; do
+      t_list=$ts
+      [ "$c" = 0 ] && t_list=$(echo "$ts" | tr ',' '\n' | awk '$1 <= 16384' | paste -sd, -)
+      [ -z "$t_list" ] && continue
+      $exe bench power_attention --backend cuda --ts "$t_list" --chunk $c $opts --warmup 2 --reps 10 2>/dev/null |
+        stamp | python3 -c 'import json,sys; [print(json.dumps({**json.loads(l), "shape": sys.argv[1]})) for l in sys.stdin]' "$name" |
+        tee -a "$out/chunk_choice.jsonl" | python3 -c 'import json,sys; [print(sys.argv[1], j["t"], j.get("chunk"), j.get("chunk_auto", 0), round(j["median_ms"], 4)) for j in map(json.loads, sys.stdin)]' "$name"
+    done
+  done <<'SHAPES'
+p1-sympow|--layout sympow|4096,8192,16384,65536
+p1-tiled8|--layout tiled:8|4096,8192,16384,65536
+d128|--d 128 --e 128|4096,8192,16384,65536
+d32|--d 32 --e 32|4096,8192,16384,65536
+p3|--p 3|4096,8192,16384
+p4-d32|--p 4 --d 32 --e 32|4096,8192,16384
+SHAPES
 fi

@@ -90,17 +90,45 @@ __device__ __forceinline__ float phi_value(const phi_entry& row, int p, X x) {
 
 // ------------------------------------------------------------------ gates
 // Gate prefix sums inside chunks (ops/chunk_gates.cu), for a [b,t,h] log_g:
-//   Gc [b,h,t]: inclusive cumulative sum of log_g inside each chunk,
-//   total [b,h,n]: the chunk totals A_m (Gc at the chunk's last token).
-// Both null when the op is not gated (every gate is then 1).
+//   Gc [b,h,t]: inclusive cumulative sum of log_g inside each chunk (the queries' decay exp(Gc_i)),
+//   total [b,h,n]: the chunk totals A_m (Gc at the chunk's last token; discumsum's decays).
+// A reset (log_g = -inf, docs/spec.md) makes them -inf from there on, which exp() takes exactly,
+// but differences of them would be -inf - (-inf). The differences are taken of sums that restart at
+// resets instead:
+//   restarted [b,h,t]: Gc restarted after each reset (finite), with last_reset [b,h,t] the chunk-local
+//     index of the last reset at or before the token (-1: none): the decay from key j to query i is
+//     exp(restarted_i - restarted_j) when j >= last_reset_i, else 0 (chunk_attention);
+//   key_Gc [b,h,t], key_total [b,h,n]: restarted at the chunk's last reset, +inf for keys before it,
+//     so that exp(key_total - key_Gc_j) is each key's decay to the chunk end (update_state; see keys()).
+// All null when the op is not gated (every gate is then 1).
 struct gates {
   const float* Gc = nullptr;
   const float* total = nullptr;
+  const float* restarted = nullptr;
+  const int32_t* last_reset = nullptr;
+  const float* key_Gc = nullptr;
+  const float* key_total = nullptr;
+  // The view update_state's kernels read as (Gc, total): exp(total - Gc_j), reset-safe.
+  gates keys() const {
+    gates k;
+    k.Gc = key_Gc;
+    k.total = key_total;
+    return k;
+  }
   __device__ __forceinline__ float cum(int64_t bh, int64_t t_len, int64_t i) const {
     return Gc ? Gc[bh * t_len + i] : 0.f;
   }
   __device__ __forceinline__ float chunk_total(int64_t bh, int64_t n, int64_t m) const {
     return total ? total[bh * n + m] : 0.f;
+  }
+  // The sum restarted after resets, at token i (0 without gates).
+  __device__ __forceinline__ float since_reset(int64_t bh, int64_t t_len, int64_t i) const {
+    return restarted ? restarted[bh * t_len + i] : 0.f;
+  }
+  // The first chunk-local key whose decay to token i is not 0: the last reset at or before i, or the
+  // chunk start.
+  __device__ __forceinline__ int first_key(int64_t bh, int64_t t_len, int64_t i) const {
+    return last_reset ? max(0, last_reset[bh * t_len + i]) : 0;
   }
 };
 

@@ -19,13 +19,13 @@ __global__ void simple_chunk_attention_kernel(attention_inputs in, gates g, expa
     const int64_t qh = w % pb.hq, i = (w / pb.hq) % pb.t, batch = w / (pb.hq * pb.t);
     const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv;
     const int64_t first = (i / pb.c) * pb.c;
-    const float Gi = g.cum(bh, pb.t, i);
+    const float Gi = g.since_reset(bh, pb.t, i);
     const int64_t qoff = off4(in.q, batch, i, qh, 0);
     for (int64_t col0 = 0; col0 < pb.e; col0 += 32 * kColsPerLane) {
       float acc[kColsPerLane];
       for (int j = 0; j < kColsPerLane; ++j) acc[j] = 0.f;
       float mx = -INFINITY, lsum = 0.f;
-      for (int64_t j = first; j <= i; ++j) {
+      for (int64_t j = first + g.first_key(bh, pb.t, i); j <= i; ++j) {  // keys before a reset: decay 0
         const int64_t koff = off4(in.k, batch, j, kv, 0);
         float part = 0.f;
         for (int64_t dim = lane; dim < pb.d; dim += 32)
@@ -33,7 +33,7 @@ __global__ void simple_chunk_attention_kernel(attention_inputs in, gates g, expa
         for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
         const float dot = part * static_cast<float>(pb.scale);
         if (dot == 0.f) continue;
-        const float s = pb.p * logf(fabsf(dot)) + (Gi - g.cum(bh, pb.t, j));
+        const float s = pb.p * logf(fabsf(dot)) + (Gi - g.since_reset(bh, pb.t, j));
         if (s > mx) {
           const float alpha = expf(mx - s);  // 0 when mx = -inf
           for (int c = 0; c < kColsPerLane; ++c) acc[c] *= alpha;

@@ -82,7 +82,8 @@ mma_update_state_params update_state_params(const expanse_tensor& k, const expan
   P.k = k.data; P.v = v.data;
   P.k_sb = k.strides[0]; P.k_st = k.strides[1]; P.k_sh = k.strides[2];
   P.v_sb = v.strides[0]; P.v_st = v.strides[1]; P.v_sh = v.strides[2];
-  P.g = g; P.table = phi.rows; P.blocks = phi.blocks;
+  P.g = g.keys();  // exp(A_m - Gc_j) as each key's decay to the chunk end, reset-safe
+  P.table = phi.rows; P.blocks = phi.blocks;
   P.S = static_cast<float*>(S.data);
   P.S_sb = S.strides[0]; P.S_sn = S.strides[1]; P.S_sh = S.strides[2]; P.S_sD = S.strides[3];
   if (z != nullptr && z->data != nullptr) {
@@ -103,7 +104,7 @@ void launch_simple_update_state(const expanse_tensor& k, const expanse_tensor& v
   if (work == 0) return;
   with_input_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
-    simple_update_state_kernel<T><<<grid_for(work, 256), 256, 0, stream>>>(k, v, g, phi.rows, pb, S, z);
+    simple_update_state_kernel<T><<<grid_for(work, 256), 256, 0, stream>>>(k, v, g.keys(), phi.rows, pb, S, z);
   });
   check_launch("simple update_state");
 }

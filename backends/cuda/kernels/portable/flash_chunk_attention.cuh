@@ -1,6 +1,8 @@
 // Intra-chunk power attention, flash style on tensor cores (mma.sync, sm_80+). For each query row
 // the scores are kept in log space (base 2):
 //   s_ij = p log2|scale q_i . k_j| + (Gc_i - Gc_j) log2(e)        (-inf where masked or the dot is 0)
+// with Gc_i - Gc_j taken of the sums restarted at resets, and keys before the row's last reset masked
+// (their decay is exactly 0, docs/spec.md)
 // with a running row maximum m_i, so that P_ij = sign_ij 2^(s_ij - m_i) never overflows, even for
 // p = 4 on long chunks. Outputs are the stabilized y = sum_j P_ij v_j, l = sum_j P_ij and
 // rowmax = m_i ln 2 (SPEC.md, intra-chunk attention).
@@ -41,7 +43,7 @@ template <class T, int DH, int E>
 constexpr size_t flash_smem() {
   using namespace flash_cfg;
   return (size_t(kRows) * (DH + 8) + size_t(kKeys) * (DH + 8) + size_t(kKeys) * (E + 8)) * sizeof(T) +
-         (kRows + kKeys) * sizeof(float);
+         (kRows + kKeys) * sizeof(float) + kRows * sizeof(int);
 }
 
 template <class T, int DH, int E>
@@ -54,8 +56,9 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kRows][kQS]
   T* ks = qs + kRows * kQS;                // [kKeys][kQS]
   T* vs = ks + kKeys * kQS;                // [kKeys][kVS]
-  float* gq = reinterpret_cast<float*>(vs + kKeys * kVS);  // Gc of the query rows
-  float* gk = gq + kRows;                                   // Gc of the key rows
+  float* gq = reinterpret_cast<float*>(vs + kKeys * kVS);  // restarted Gc of the query rows
+  float* gk = gq + kRows;                                   // restarted Gc of the key rows
+  int* fk = reinterpret_cast<int*>(gk + kKeys);             // first key of each query row (its last reset)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   const cta_coords at = decode_cta(P.q_tiles, P.hq, P.n);
@@ -77,8 +80,10 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
   }
   // Gc in base 2; the query side also carries p log2|scale| (log2|scale q.k| = log2|scale| + log2|q.k|).
   const float p_log2_scale = P.p * __log2f(fabsf(P.scale));
-  if (tid < kRows)
-    gq[tid] = (P.g.Gc && q0 + tid < len ? P.g.Gc[bh * P.t + first + q0 + tid] * kLog2e : 0.f) + p_log2_scale;
+  if (tid < kRows) {
+    gq[tid] = (q0 + tid < len ? P.g.since_reset(bh, P.t, first + q0 + tid) * kLog2e : 0.f) + p_log2_scale;
+    fk[tid] = q0 + tid < len ? P.g.first_key(bh, P.t, first + q0 + tid) : 0;
+  }
 
   uint4 kreg[kKVec], vreg[kVVec];
   float greg = 0.f;
@@ -95,7 +100,7 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
       vreg[i] = key0 + s < len ? *reinterpret_cast<const uint4*>(vbase + (first + key0 + s) * P.v_st + c8 * 8)
                                : make_uint4(0, 0, 0, 0);
     }
-    if (tid < kKeys) greg = P.g.Gc && key0 + tid < len ? P.g.Gc[bh * P.t + first + key0 + tid] * kLog2e : 0.f;
+    if (tid < kKeys) greg = key0 + tid < len ? P.g.since_reset(bh, P.t, first + key0 + tid) * kLog2e : 0.f;
   };
   auto store_block = [&]() {
 #pragma unroll
@@ -124,6 +129,11 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
     ldmatrix_x4(qa[kk], qs + (warp * 16 + (lane & 15)) * kQS + kk * 16 + (lane >> 4) * 8);
   const int row_local[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   const float grow[2] = {gq[warp * 16 + g], gq[warp * 16 + g + 8]};
+  // The latest first key (after a reset) of the warp's rows: blocks from there on need no reset mask.
+  // (Each row's own is read from shared memory in the masked blocks only, to keep registers free.)
+  int warp_first_key = max(fk[warp * 16 + g], fk[warp * 16 + g + 8]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) warp_first_key = max(warp_first_key, __shfl_xor_sync(0xffffffffu, warp_first_key, o));
 
   float acc[kNT][4];
 #pragma unroll
@@ -155,7 +165,7 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
     // one or two of a row tile) skip the per-score mask.
     uint32_t negative = 0;
     float bmax[2] = {-INFINITY, -INFINITY};
-    const bool unmasked = key0 + kKeys - 1 <= q0 + warp * 16 && key0 + kKeys <= len;
+    const bool unmasked = key0 + kKeys - 1 <= q0 + warp * 16 && key0 + kKeys <= len && key0 >= warp_first_key;
     auto scores = [&](auto masked) {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -164,7 +174,8 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
           const int hf = i >> 1, j = nt * 8 + 2 * tq + (i & 1);
           const float dot = s[nt][i];
           float sc = fmaf(float(P.p), __log2f(fabsf(dot)), grow[hf] - gk[j]);
-          if (masked && !(key0 + j <= row_local[hf] && key0 + j < len)) sc = -INFINITY;
+          if (masked && !(key0 + j <= row_local[hf] && key0 + j < len && key0 + j >= fk[warp * 16 + g + 8 * hf]))
+            sc = -INFINITY;
           if (odd && (dot < 0.f) != scale_negative) negative |= 1u << (nt * 4 + i);
           s[nt][i] = sc;
           bmax[hf] = fmaxf(bmax[hf], sc);

@@ -90,12 +90,15 @@ struct output_weights {
 __device__ __forceinline__ output_weights output_weights_of(float den, float g, bool intra, float l, float rm,
                                                             bool normalize) {
   if (!normalize) return {__expf(g), intra ? __expf(rm) : 0.f, 1.f};
-  float fq = 1.f, fi = 0.f;
+  // A reset between the chunk start and the token (g = -inf) leaves no inter-chunk term at all.
+  float fq = g == -INFINITY ? 0.f : 1.f, fi = 0.f;
   if (intra) {
     const float top = fmaxf(g, rm);
     fq = __expf(g - top);
     fi = __expf(rm - top);
     den = den * fq + l * fi;
+  } else {
+    den *= fq;
   }
   if (den == 0.f) return {0.f, 0.f, 0.f};
   const float s = fabsf(den) < 0x1p-64f ? 0x1p64f : 1.f;
