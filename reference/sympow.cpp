@@ -73,11 +73,11 @@ double multinomial_sqrt(const std::vector<int64_t>& sorted_idx) {
 
 int64_t expanded_dim(int p, int64_t d, expanse_layout layout) {
   switch (layout.kind) {
-    case EXPANSE_LAYOUT_SYMPOW: return binomial(d + p - 1, p);
+    case EXPANSE_LAYOUT_SYMPOW: return binomial(d + (p - 1), p);  // (d + p) - 1 could overflow
     case EXPANSE_LAYOUT_TILED:
       if (layout.d_tile < 1 || d % layout.d_tile != 0)
         throw std::logic_error("reference: tiled layout needs d % d_tile == 0");
-      return binomial(d / layout.d_tile + p - 1, p) * int_pow(layout.d_tile, p);
+      return binomial(d / layout.d_tile + (p - 1), p) * int_pow(layout.d_tile, p);
     case EXPANSE_LAYOUT_TENSOR: return int_pow(d, p);
     default: throw std::logic_error("reference: unknown layout kind " + std::to_string(layout.kind));
   }
