@@ -202,6 +202,10 @@ KNOWN = {
     "known-sympow_expand-zero-rows-d-int64-max-tensor-p1": case(
         SYMPOW, p=1, layout_kind=2, x=T([0, INT64_MAX], strides=[0, 0], data_null=True),
         out=T([0, INT64_MAX], strides=[0, 0], data_null=True)),
+    # Found by fuzz_abi: d + p - 1 overflowed at d = INT64_MAX, p = 1 (core multisets_checked, then
+    # the reference's expanded_dim); the zero-element strides [0, 0] pass the size checks.
+    "known-sympow_expand-zero-rows-d-int64-max-strides-0": case(
+        SYMPOW, p=1, x=T([0, INT64_MAX], strides=[0, 0]), out=T([0, INT64_MAX], strides=[0, 0])),
     "known-sympow_expand-zero-rows-d-int64-max-null": case(SYMPOW, p=2, x=T([0, INT64_MAX], data_null=True),
                                                            out=T([0, 1], data_null=True)),
     # S and z of a decoding step in one buffer (overlapping in-place outputs).
@@ -252,11 +256,7 @@ KNOWN = {
 
 # Crashes found and not fixed yet (tests/fuzz/FINDINGS.md): written to pending/fuzz_abi/, which no test
 # replays. Once fixed, move the entry to KNOWN (and delete its file under pending/).
-PENDING = {
-    # core/src/layout.cpp multisets_checked: n + p - 1 overflows for d = INT64_MAX, p = 1.
-    "known-sympow_expand-zero-rows-d-int64-max-strides-0": case(
-        SYMPOW, p=1, x=T([0, INT64_MAX], strides=[0, 0]), out=T([0, INT64_MAX], strides=[0, 0])),
-}
+PENDING = {}
 
 
 def npy(descr, shape, payload=b"", version=1, fortran=False, header=None, pad=True):
