@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
 
     auto args = expanse::power_attention_args();  // defaults: p = 2, normalized, scale 1/sqrt(d)
     args.q = &tq; args.k = &tk; args.v = &tv; args.log_g = &tg; args.o = &to;
-    args.chunk_size = 128;  // chunked form; 0 = quadratic
+    args.chunk_size = 128;  // chunks of 128; default: the backend chooses; 0 = quadratic
     ctx.power_attention(args);
     std::printf("backend %s: o[0, 0, 0, :4] = %.4f %.4f %.4f %.4f\n", ctx.backend().c_str(), o[0], o[1], o[2], o[3]);
 
