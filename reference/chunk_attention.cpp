@@ -1,4 +1,4 @@
-// chunk_attention (SPEC.md "chunked algorithm", 4): causal power attention restricted to each
+// chunk_attention (docs/spec.md "chunked algorithm", 4): causal power attention restricted to each
 // chunk, returned stabilized in log space. For i, j in the same chunk with j <= i:
 //   s_ij    = p log|scale q_i . k_j| + Gc_i - Gc_j         (-inf where the dot is exactly 0)
 //   sign_ij = sign(q_i . k_j)^p                           (+1 for even p)

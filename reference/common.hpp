@@ -87,7 +87,7 @@ class PrefixSum {
   std::vector<int64_t> last_reset_;  // the last reset at or before i, -1 for none
 };
 
-// Normalized output: o_i = num_i / den_i, and o_i = 0 where den_i is exactly 0 (SPEC.md).
+// Normalized output: o_i = num_i / den_i, and o_i = 0 where den_i is exactly 0 (docs/spec.md).
 inline void divide_rows(RowMatrix& num, const Vector& den) {
   for (int64_t i = 0; i < num.rows(); ++i) {
     if (den(i) == 0.0)

@@ -1,4 +1,4 @@
-// discumsum (SPEC.md "chunked algorithm", 2): discounted cumulative sum over chunks,
+// discumsum (docs/spec.md "chunked algorithm", 2): discounted cumulative sum over chunks,
 //   Y_0 = Y_init (0 when absent),   Y_{m+1} = exp(A_m) Y_m + X_m,
 // with X [b,n,h, trailing...], A [b,n,h], Y_init [b,h, trailing...], Y [b,n+1,h, trailing...].
 // The trailing dims (any rank >= 0, e.g. [D,e] or [D]) are flattened to problem.rows elements,

@@ -1,4 +1,4 @@
-// The operations of the reference backend (SPEC.md "Public operations").
+// The operations of the reference backend (docs/spec.md "Public operations").
 //
 // Each takes the problem the core derived and validated (sizes, resolved scale, flags) and the
 // op's public args struct, computes in f64 and writes every element of its outputs. Errors are

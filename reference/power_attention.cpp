@@ -1,4 +1,4 @@
-// power_attention (SPEC.md "Gated power attention"): for query i and key j <= i,
+// power_attention (docs/spec.md "Gated power attention"): for query i and key j <= i,
 //   A_ij = (scale q_i . k_j)^p exp(G_i - G_j),   G = inclusive cumsum of log_g over the sequence,
 //   num_i = sum_j A_ij v_j [+ phi(scale q_i)^T S0 exp(G_i)]
 //   den_i = sum_j A_ij     [+ phi(scale q_i)^T z0 exp(G_i)]

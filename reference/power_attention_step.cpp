@@ -1,4 +1,4 @@
-// power_attention_step (SPEC.md "Recurrent form"): one decoding step, the state updated in place,
+// power_attention_step (docs/spec.md "Recurrent form"): one decoding step, the state updated in place,
 //   S <- exp(log_g) S + phi(k) v^T,   z <- exp(log_g) z + phi(k),
 //   o = phi(scale q)^T S  [/ phi(scale q)^T z]       (with the updated state; 0 where den == 0).
 // Token tensors come as [b,1,heads,dim] or [b,heads,dim] (log_g [b,1,h] or [b,h]); the rank-3 forms

@@ -1,4 +1,4 @@
-// query_state (SPEC.md "chunked algorithm", 3): for query i in chunk m = i / c,
+// query_state (docs/spec.md "chunked algorithm", 3): for query i in chunk m = i / c,
 //   num_i = phi(scale q_i)^T S_m exp(Gc_i)        den_i = phi(scale q_i)^T z_m exp(Gc_i)
 // with S [b,n,h,D,e], z [b,n,h,D] the states entering each chunk and Gc the inclusive cumsum of
 // log_g inside the chunk. With the intra-chunk result of chunk_attention (y, l, rowmax), whose true

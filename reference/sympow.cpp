@@ -1,4 +1,4 @@
-// The feature map phi in the three layouts of SPEC.md, and the sympow_expand operation.
+// The feature map phi in the three layouts of docs/spec.md, and the sympow_expand operation.
 #include "reference/sympow.hpp"
 
 #include <cmath>

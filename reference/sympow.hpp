@@ -1,4 +1,4 @@
-// The feature map phi (SPEC.md "The feature map phi"): <phi(q), phi(k)> = (q . k)^p.
+// The feature map phi (docs/spec.md "The feature map phi"): <phi(q), phi(k)> = (q . k)^p.
 //
 // Every layout is described the same way, as a list of D entries; entry a of phi(x) is
 //     phi(x)_a = coefficient[a] * x[index[a][0]] * ... * x[index[a][p-1]]

@@ -1,4 +1,4 @@
-// update_state (SPEC.md "chunked algorithm", 1): the local state of each chunk m,
+// update_state (docs/spec.md "chunked algorithm", 1): the local state of each chunk m,
 //   S_m = sum_{j in m} exp(A_m - Gc_j) phi(k_j) v_j^T      [D x e]
 //   z_m = sum_{j in m} exp(A_m - Gc_j) phi(k_j)            [D]
 // with Gc the inclusive cumsum of log_g inside the chunk and A_m its last value. Keys are not

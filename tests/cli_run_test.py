@@ -62,7 +62,7 @@ def run(op, inputs, *flags, expect_ok=True, env=None, setup=None):
 
 
 def power_attention(q, k, v, log_g, p, scale, normalize, S0=None, z0=None):
-    """Quadratic form of SPEC.md with the initial-state terms, written with plain numpy."""
+    """Quadratic form of docs/spec.md with the initial-state terms, written with plain numpy."""
     b, t, hq, d = q.shape
     h = k.shape[2]
     r = hq // h

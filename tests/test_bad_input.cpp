@@ -1,4 +1,4 @@
-// SPEC.md "Bad input": every rejected input returns EXPANSE_ERROR_INVALID_ARGUMENT (or the status
+// docs/spec.md "Bad input": every rejected input returns EXPANSE_ERROR_INVALID_ARGUMENT (or the status
 // named) with a message naming the argument, writes nothing, and never crashes.
 #include <doctest/doctest.h>
 

@@ -1,6 +1,6 @@
 // The shared case table (core/harness/case_table.cpp) on every available backend: the reference
 // against the independent naive f64 oracle, every other backend against the reference, within the
-// SPEC.md tolerances, outputs poisoned first.
+// docs/spec.md tolerances, outputs poisoned first.
 #include <doctest/doctest.h>
 
 #include "cases.hpp"

@@ -1,4 +1,4 @@
-// Properties of the reference in f64 (SPEC.md): the chunked form equals the quadratic form for any
+// Properties of the reference in f64 (docs/spec.md): the chunked form equals the quadratic form for any
 // chunk size, grouped heads equal explicitly repeated heads, carrying the state across a split equals
 // one call, repeated decoding steps equal the full sequence, and all of it agrees with the
 // token-by-token recurrence (the naive oracle) to 1e-12.

@@ -1,5 +1,5 @@
-// <phi(q), phi(k)> = (q . k)^p for every layout and p (SPEC.md "The feature map phi"), through the
-// library's sympow_expand, plus the expanded dimensions SPEC.md lists.
+// <phi(q), phi(k)> = (q . k)^p for every layout and p (docs/spec.md "The feature map phi"), through the
+// library's sympow_expand, plus the expanded dimensions docs/spec.md lists.
 #include <doctest/doctest.h>
 
 #include <cfloat>
@@ -9,7 +9,7 @@
 #include "expanse/expanse.hpp"
 #include "test_seed.hpp"
 
-TEST_CASE("expanded dimensions of SPEC.md") {
+TEST_CASE("expanded dimensions of docs/spec.md") {
   CHECK(expanse::expanded_dim(2, 64) == 2080);
   CHECK(expanse::expanded_dim(3, 64) == 45760);
   CHECK(expanse::expanded_dim(4, 64) == 766480);

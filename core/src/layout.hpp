@@ -1,4 +1,4 @@
-// Sizes of the feature map phi (SPEC.md "The feature map phi"), with overflow checks.
+// Sizes of the feature map phi (docs/spec.md "The feature map phi"), with overflow checks.
 #pragma once
 
 #include <cstdint>

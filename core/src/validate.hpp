@@ -1,4 +1,4 @@
-// Validation of every operation's arguments against SPEC.md "Bad input", before any backend sees
+// Validation of every operation's arguments against docs/spec.md "Bad input", before any backend sees
 // them. The result is the problem (derived sizes) plus the argument struct a backend receives.
 #pragma once
 

@@ -1,4 +1,4 @@
-"""An independent float64 implementation of SPEC.md in plain numpy, written from the definitions
+"""An independent float64 implementation of docs/spec.md in plain numpy, written from the definitions
 (loops and einsums, no code shared with the library): the oracle of the Python tests."""
 
 import itertools
@@ -22,7 +22,7 @@ def _outer(a, b):
 
 
 def phi(x, p, layout="sympow"):
-    """The feature map of SPEC.md: x [..., d] -> [..., D] with <phi(a), phi(b)> = (a . b)^p."""
+    """The feature map of docs/spec.md: x [..., d] -> [..., D] with <phi(a), phi(b)> = (a . b)^p."""
     x = np.asarray(x, dtype=np.float64)
     d = x.shape[-1]
     if layout == "tensor":
@@ -156,7 +156,7 @@ def query_state(q, S, z=None, log_g=None, p=2, scale=None, c=16, normalize=True,
 
 
 def chunk_attention(q, k, v, log_g=None, p=2, scale=None, c=None):
-    """(y, l, rowmax): intra-chunk causal power attention in log space (SPEC.md step 4)."""
+    """(y, l, rowmax): intra-chunk causal power attention in log space (docs/spec.md step 4)."""
     b, t, hq, d = q.shape
     h, e = k.shape[2], v.shape[3]
     r = hq // h

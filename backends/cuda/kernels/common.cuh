@@ -52,7 +52,7 @@ __device__ __forceinline__ float loadf(const expanse_tensor& t, int64_t off) {
 __device__ __forceinline__ float* ptrf(const expanse_tensor& t, int64_t off) { return static_cast<float*>(t.data) + off; }
 
 // ------------------------------------------------------------------ the feature map phi
-// Row r of phi (SPEC.md): phi_r(x) = coef * x[idx[0]] * ... * x[idx[p-1]]. Built once per call
+// Row r of phi (docs/spec.md): phi_r(x) = coef * x[idx[0]] * ... * x[idx[p-1]]. Built once per call
 // by build_phi_table (ops/phi_table.cu) for any layout, so kernels need no layout logic.
 constexpr int kMaxDegree = 6;
 struct phi_entry {

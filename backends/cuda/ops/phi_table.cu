@@ -1,5 +1,5 @@
 // The feature-map table: for every row r of phi its coefficient and the p indices of x it
-// multiplies, in the layout asked for (SPEC.md "The feature map phi"). Each thread unranks one row
+// multiplies, in the layout asked for (docs/spec.md "The feature map phi"). Each thread unranks one row
 // directly, so the table builds in one short kernel for any D.
 #include "ops/op_common.hpp"
 

@@ -5,7 +5,7 @@
 // (their decay is exactly 0, docs/spec.md)
 // with a running row maximum m_i, so that P_ij = sign_ij 2^(s_ij - m_i) never overflows, even for
 // p = 4 on long chunks. Outputs are the stabilized y = sum_j P_ij v_j, l = sum_j P_ij and
-// rowmax = m_i ln 2 (SPEC.md, intra-chunk attention).
+// rowmax = m_i ln 2 (docs/spec.md, intra-chunk attention).
 //
 // CTA: 4 warps, 64 query rows of one chunk (16 per warp) against key blocks of 64, causal. The next
 // key block is staged in registers while the current one is multiplied.
