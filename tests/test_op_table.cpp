@@ -179,3 +179,49 @@ TEST_CASE("the finite check lets a reset (log_g = -inf) through, and is off by d
   expanse::context ctx("reference");
   CHECK_NOTHROW(h::run_on(ctx, cfg, inputs, false));  // off: no word (docs/spec.md)
 }
+
+TEST_CASE("sizes: chunk sizes up to INT64_MAX mean one chunk, and no size computation overflows") {
+  expanse::context ctx("reference");
+  h::op_config cfg = full_config(EXPANSE_OP_POWER_ATTENTION);
+  const h::tensor_map inputs = h::make_inputs(cfg, test_seed());
+  cfg.c = 0;
+  const h::tensor_map quadratic = h::run_on(ctx, cfg, inputs, false);
+  for (int64_t huge : {cfg.t, cfg.t + 1, int64_t(1) << 40, INT64_MAX - 1, INT64_MAX}) {
+    cfg.c = huge;  // (t + c - 1) / c once overflowed to n = 0 and left o unwritten
+    const h::tensor_map one_chunk = h::run_on(ctx, cfg, inputs, false);
+    for (const auto& [name, t] : quadratic)
+      CHECK_MESSAGE(h::compare({{name, one_chunk.at(name)}}, {{name, t}}, 1e-5).front().pass, name << " at c = " << huge);
+  }
+  // chunk_attention's work follows t, not the chunk size (c = 2^62 once took hours at t = 16).
+  h::op_config att = full_config(EXPANSE_OP_CHUNK_ATTENTION);
+  att.t = 16;
+  att.c = int64_t(1) << 62;
+  CHECK_NOTHROW(h::run_on(ctx, att, h::make_inputs(att, test_seed()), false));
+
+  int64_t D = -1;
+  CHECK(expanse_expanded_dim(2, INT64_MAX, {EXPANSE_LAYOUT_SYMPOW, 0}, &D) == EXPANSE_ERROR_INVALID_ARGUMENT);
+  CHECK(expanse_expanded_dim(1, INT64_MAX, {EXPANSE_LAYOUT_SYMPOW, 0}, &D) == EXPANSE_OK);
+  CHECK(D == INT64_MAX);
+  CHECK(expanse_expanded_dim(3, int64_t(1) << 40, {EXPANSE_LAYOUT_TENSOR, 0}, &D) == EXPANSE_ERROR_INVALID_ARGUMENT);
+  expanse_tensor t{};
+  const int64_t shape[] = {int64_t(1) << 40, int64_t(1) << 40};
+  CHECK(expanse_tensor_make(&t, nullptr, EXPANSE_F32, 2, shape, EXPANSE_DEVICE_CPU, 0) == EXPANSE_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("enum arguments: codes outside the enums are named, never loaded as enums") {
+  int32_t bad = 17;
+  expanse_dtype dtype;
+  expanse_op_kind op;
+  expanse_status status;
+  std::memcpy(&dtype, &bad, sizeof(bad));  // what a C caller can pass
+  std::memcpy(&op, &bad, sizeof(bad));
+  std::memcpy(&status, &bad, sizeof(bad));
+  CHECK(expanse_dtype_size(dtype) == 0);
+  CHECK(std::string(expanse_dtype_name(dtype)) == "unknown");
+  CHECK(std::string(expanse_op_name(op)) == "unknown");
+  CHECK(std::string(expanse_status_name(status)) == "unknown status");
+  CHECK(expanse_op_tensor_args(op, nullptr) == -1);
+  expanse::context ctx("reference");
+  CHECK(expanse_run(ctx.get(), op, nullptr) == EXPANSE_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(expanse_last_error()).find("unknown operation kind 17") != std::string::npos);
+}
