@@ -167,9 +167,9 @@ std::vector<op_config> standard_cases() {
         {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F32, 2, 8, 6, 37, 16, kSympow},
         {EXPANSE_OP_POWER_ATTENTION, EXPANSE_BF16, 2, 64, 64, 600, 128, tiled(8)},
         {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F16, 2, 64, 64, 333, 0, kSympow},
-        // Normalized only at bf16's tolerance: after a reset the state is one token's, and the
-        // ratio phi(q)^T S / phi(q)^T z of the f32 kernels loses digits to cancellation where
-        // q . k is near 0 (past f32's 1e-5 at d = 8 with some seeds).
+        // Unnormalized: after a reset the state is one token's, and the normalized output
+        // phi(q)^T S / phi(q)^T z of the expanded form is then ill-conditioned where q . k is near
+        // 0 (its f32 kernels passed 1e-5 and the f64 reference 1e-12 only for some seeds).
         {EXPANSE_OP_POWER_ATTENTION_STEP, EXPANSE_F32, 1, 8, 6, 1, 0, kSympow},
         {EXPANSE_OP_POWER_ATTENTION_STEP, EXPANSE_BF16, 2, 32, 32, 1, 0, tiled(8)},
     };
@@ -178,7 +178,7 @@ std::vector<op_config> standard_cases() {
       c.dtype = f.dt; c.p = f.p; c.d = f.d; c.e = f.e; c.t = f.t; c.c = f.c; c.layout = f.layout;
       c.b = 2; c.hq = 4; c.h = 2;
       c.gated = c.resets = true;
-      c.normalize = f.p % 2 == 0;
+      c.normalize = f.p % 2 == 0 && f.op != EXPANSE_OP_POWER_ATTENTION_STEP;
       c.intra = f.op == EXPANSE_OP_QUERY_STATE;
       c.initial_state = c.final_state = f.op == EXPANSE_OP_POWER_ATTENTION;
       cases.push_back(c);
