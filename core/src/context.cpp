@@ -40,6 +40,11 @@ const expanse_backend& table_of(const expanse_context& ctx) { return *ctx.backen
 
 int64_t default_chunk_size(const expanse_problem* problem) { return expanse_auto_chunk_size(problem->t); }
 
+// What validation needs of the context: where tensors must live, and the backend's chunk rule.
+device_requirement requirement_of(const expanse_context& ctx) {
+  return {table_of(ctx).device_type, ctx.device, ctx.choose_chunk_size};
+}
+
 void backend_call(const expanse_context& ctx, const char* what, expanse_status st, const char* err);
 
 // The caller's tensors as host bytes, for the finite check on a device backend.
@@ -57,7 +62,7 @@ std::vector<unsigned char> fetch_to_host(const expanse_context& ctx, const void*
 // Validates args for ctx's device (and their values, with the finite check on) and asks the backend
 // whether it implements the problem. `kind` is the caller's integer code.
 void prepare(expanse_context& ctx, int32_t kind, const void* args, validated_op& v, expanse_op& op) {
-  validate_op(kind, args, {table_of(ctx).device_type, ctx.device, ctx.choose_chunk_size}, v);
+  validate_op(kind, args, requirement_of(ctx), v);
   if (ctx.check_finite) {
     const char* name = expanse_op_name(static_cast<expanse_op_kind>(kind));
     if (table_of(ctx).device_type == EXPANSE_DEVICE_CPU) {
@@ -151,7 +156,7 @@ EXPANSE_API expanse_status expanse_resolved_chunk_size(expanse_context* ctx, con
     if (!chunk_size) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_resolved_chunk_size: argument 'chunk_size' is NULL");
     expanse_context& c = checked(ctx);
     validated_op v;
-    validate_op(EXPANSE_OP_POWER_ATTENTION, a, {table_of(c).device_type, c.device, c.choose_chunk_size}, v);
+    validate_op(EXPANSE_OP_POWER_ATTENTION, a, requirement_of(c), v);
     *chunk_size = v.chunk_size;
   });
 }
