@@ -51,7 +51,7 @@ double flop_count(const h::op_config& c) {
   switch (c.op) {
     case EXPANSE_OP_SYMPOW_EXPAND: return double(c.t) * D * c.p;
     case EXPANSE_OP_UPDATE_STATE: return tokens * c.h * state;
-    case EXPANSE_OP_DISCUMSUM: return double(c.b) * c.h * double((c.t + std::max<int64_t>(c.c, 1) - 1) / std::max<int64_t>(c.c, 1)) * c.d * c.e * 2.0;
+    case EXPANSE_OP_DISCUMSUM: return double(c.b) * c.h * double(h::chunk_count(c.t, std::max<int64_t>(c.c, 1))) * c.d * c.e * 2.0;
     case EXPANSE_OP_QUERY_STATE: return tokens * c.hq * state;
     case EXPANSE_OP_CHUNK_ATTENTION: return tokens * c.hq * intra;
     case EXPANSE_OP_POWER_ATTENTION:

@@ -11,8 +11,7 @@ namespace expanse::harness {
 namespace {
 
 int64_t chunk_count(const op_config& cfg) {
-  const int64_t c = cfg.c > 0 ? cfg.c : std::max<int64_t>(cfg.t, 1);
-  return (cfg.t + c - 1) / c;
+  return harness::chunk_count(cfg.t, cfg.c > 0 ? cfg.c : std::max<int64_t>(cfg.t, 1));
 }
 
 // States and log_g are f32 on every backend, f64 when the whole problem is f64 (the oracle).

@@ -42,6 +42,9 @@ struct op_config {
   std::string label() const;  // a one-line description usable as CLI flags
 };
 
+// ceil(t / c) for c >= 1, without the overflow of (t + c - 1) / c at chunk sizes near INT64_MAX.
+inline int64_t chunk_count(int64_t t, int64_t c) { return t / c + (t % c != 0); }
+
 // A host tensor in any dtype, contiguous.
 struct host_tensor {
   expanse_dtype dtype = EXPANSE_F64;

@@ -177,7 +177,7 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
     case EXPANSE_OP_UPDATE_STATE: {
       const int64_t c = cfg.c;
       if (c < 1) throw std::invalid_argument("naive oracle: update_state needs c >= 1");
-      const int64_t n = (t + c - 1) / c;
+      const int64_t n = chunk_count(t, c);
       std::vector<real> S(static_cast<size_t>(b * n * h * D * e), 0.0), z(static_cast<size_t>(b * n * h * D), 0.0);
       for (int64_t bi = 0; bi < b; ++bi)
         for (int64_t hi = 0; hi < h; ++hi) {
@@ -205,7 +205,7 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
     case EXPANSE_OP_DISCUMSUM: {
       const int64_t c = cfg.c;
       if (c < 1) throw std::invalid_argument("naive oracle: discumsum needs c >= 1");
-      const int64_t n = (t + c - 1) / c;
+      const int64_t n = chunk_count(t, c);
       const int64_t inner = d * e;
       host_tensor Y = host_tensor::zeros(EXPANSE_F64, {b, n + 1, h, d, e});
       const bool has_init = cfg.initial_state && in.has("Y_init");
@@ -226,7 +226,7 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
     }
     case EXPANSE_OP_QUERY_STATE: {
       const int64_t c = cfg.c > 0 ? cfg.c : t;
-      const int64_t n = (t + c - 1) / c;
+      const int64_t n = chunk_count(t, c);
       host_tensor o = host_tensor::zeros(EXPANSE_F64, {b, t, hq, e});
       for (int64_t bi = 0; bi < b; ++bi)
         for (int64_t qi = 0; qi < hq; ++qi) {
