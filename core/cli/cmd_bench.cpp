@@ -151,6 +151,7 @@ int cmd_bench(int argc, char** argv) {
     cfg.t = ts[ti];
     progress.show(ti, std::string(expanse_op_name(op)) + " t=" + std::to_string(cfg.t) + ": " +
                           std::to_string(warmup) + " warm-up and " + std::to_string(reps) + " timed runs");
+    h::validate_case(ctx, cfg);  // a bad case fails before its inputs are drawn
     // Several input sets, cycled, when they fit in the L2 cache together (so a run does not find
     // the previous run's inputs cached); one set otherwise.
     const size_t set_bytes = input_bytes(h::make_inputs(cfg, seed, /*consistent=*/false));

@@ -192,39 +192,97 @@ tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent) {
   return in;
 }
 
-tensor_map make_outputs(const op_config& cfg, bool oracle) {
-  const expanse_dtype token = oracle ? EXPANSE_F64 : cfg.dtype;
-  const expanse_dtype st = oracle ? EXPANSE_F64 : state_dtype(cfg);
-  const int64_t n = chunk_count(cfg);
-  const int64_t D = cfg.op == EXPANSE_OP_DISCUMSUM ? 0 : expanse::expanded_dim(cfg.p, cfg.d, cfg.layout);
-  tensor_map out;
+spec_map input_specs(const op_config& cfg) {
+  const expanse_dtype dt = cfg.dtype, st = state_dtype(cfg);
+  const int64_t n = chunk_count(cfg), b = cfg.b, t = cfg.t, h = cfg.h, hq = cfg.hq, d = cfg.d, e = cfg.e;
+  auto D = [&] { return expanse::expanded_dim(cfg.p, d, cfg.layout); };
+  spec_map in;
+  auto tokens = [&](bool with_q, bool with_kv) {
+    if (with_q) in["q"] = {dt, {b, t, hq, d}};
+    if (with_kv) {
+      in["k"] = {dt, {b, t, h, d}};
+      in["v"] = {dt, {b, t, h, e}};
+    }
+    if (cfg.gated) in["log_g"] = {st, {b, t, h}};
+  };
   switch (cfg.op) {
-    case EXPANSE_OP_SYMPOW_EXPAND: out["out"] = host_tensor::zeros(token, {cfg.t, D}); break;
-    case EXPANSE_OP_UPDATE_STATE:
-      out["S"] = host_tensor::zeros(st, {cfg.b, n, cfg.h, D, cfg.e});
-      out["z"] = host_tensor::zeros(st, {cfg.b, n, cfg.h, D});
+    case EXPANSE_OP_SYMPOW_EXPAND: in["x"] = {dt, {t, d}}; break;
+    case EXPANSE_OP_UPDATE_STATE: tokens(false, true); break;
+    case EXPANSE_OP_DISCUMSUM:
+      in["X"] = {dt, {b, n, h, d, e}};
+      in["A"] = {st, {b, n, h}};
+      if (cfg.initial_state) in["Y_init"] = {dt, {b, h, d, e}};
       break;
-    case EXPANSE_OP_DISCUMSUM: out["Y"] = host_tensor::zeros(st, {cfg.b, n + 1, cfg.h, cfg.d, cfg.e}); break;
-    case EXPANSE_OP_QUERY_STATE: out["o"] = host_tensor::zeros(token, {cfg.b, cfg.t, cfg.hq, cfg.e}); break;
-    case EXPANSE_OP_CHUNK_ATTENTION:
-      out["y"] = host_tensor::zeros(st, {cfg.b, cfg.t, cfg.hq, cfg.e});
-      out["l"] = host_tensor::zeros(st, {cfg.b, cfg.t, cfg.hq});
-      out["rowmax"] = host_tensor::zeros(st, {cfg.b, cfg.t, cfg.hq});
+    case EXPANSE_OP_QUERY_STATE:
+      tokens(true, false);
+      in["S"] = {st, {b, n, h, D(), e}};
+      if (cfg.normalize) in["z"] = {st, {b, n, h, D()}};
+      if (cfg.intra) {
+        in["y"] = {st, {b, t, hq, e}};
+        in["l"] = {st, {b, t, hq}};
+        in["rowmax"] = {st, {b, t, hq}};
+      }
       break;
+    case EXPANSE_OP_CHUNK_ATTENTION: tokens(true, true); break;
     case EXPANSE_OP_POWER_ATTENTION:
-      out["o"] = host_tensor::zeros(token, {cfg.b, cfg.t, cfg.hq, cfg.e});
-      if (cfg.final_state) {
-        out["S"] = host_tensor::zeros(st, {cfg.b, cfg.h, D, cfg.e});
-        if (cfg.normalize) out["z"] = host_tensor::zeros(st, {cfg.b, cfg.h, D});
+      tokens(true, true);
+      if (cfg.initial_state) {
+        in["S0"] = {st, {b, h, D(), e}};
+        if (cfg.normalize) in["z0"] = {st, {b, h, D()}};
       }
       break;
     case EXPANSE_OP_POWER_ATTENTION_STEP:
-      out["o"] = host_tensor::zeros(token, {cfg.b, cfg.hq, cfg.e});
-      out["S"] = host_tensor::zeros(st, {cfg.b, cfg.h, D, cfg.e});
-      if (cfg.normalize) out["z"] = host_tensor::zeros(st, {cfg.b, cfg.h, D});
+      in["q"] = {dt, {b, hq, d}};
+      in["k"] = {dt, {b, h, d}};
+      in["v"] = {dt, {b, h, e}};
+      if (cfg.gated) in["log_g"] = {st, {b, h}};
+      in["S"] = {st, {b, h, D(), e}};
+      if (cfg.normalize) in["z"] = {st, {b, h, D()}};
       break;
     case EXPANSE_OP_COUNT: break;
   }
+  return in;
+}
+
+spec_map output_specs(const op_config& cfg, bool oracle) {
+  const expanse_dtype token = oracle ? EXPANSE_F64 : cfg.dtype;
+  const expanse_dtype st = oracle ? EXPANSE_F64 : state_dtype(cfg);
+  const int64_t n = chunk_count(cfg), b = cfg.b, t = cfg.t, h = cfg.h, hq = cfg.hq, e = cfg.e;
+  auto D = [&] { return expanse::expanded_dim(cfg.p, cfg.d, cfg.layout); };
+  spec_map out;
+  switch (cfg.op) {
+    case EXPANSE_OP_SYMPOW_EXPAND: out["out"] = {token, {t, D()}}; break;
+    case EXPANSE_OP_UPDATE_STATE:
+      out["S"] = {st, {b, n, h, D(), e}};
+      out["z"] = {st, {b, n, h, D()}};
+      break;
+    case EXPANSE_OP_DISCUMSUM: out["Y"] = {st, {b, n + 1, h, cfg.d, e}}; break;
+    case EXPANSE_OP_QUERY_STATE: out["o"] = {token, {b, t, hq, e}}; break;
+    case EXPANSE_OP_CHUNK_ATTENTION:
+      out["y"] = {st, {b, t, hq, e}};
+      out["l"] = {st, {b, t, hq}};
+      out["rowmax"] = {st, {b, t, hq}};
+      break;
+    case EXPANSE_OP_POWER_ATTENTION:
+      out["o"] = {token, {b, t, hq, e}};
+      if (cfg.final_state) {
+        out["S"] = {st, {b, h, D(), e}};
+        if (cfg.normalize) out["z"] = {st, {b, h, D()}};
+      }
+      break;
+    case EXPANSE_OP_POWER_ATTENTION_STEP:
+      out["o"] = {token, {b, hq, e}};
+      out["S"] = {st, {b, h, D(), e}};
+      if (cfg.normalize) out["z"] = {st, {b, h, D()}};
+      break;
+    case EXPANSE_OP_COUNT: break;
+  }
+  return out;
+}
+
+tensor_map make_outputs(const op_config& cfg, bool oracle) {
+  tensor_map out;
+  for (const auto& [name, spec] : output_specs(cfg, oracle)) out[name] = host_tensor::zeros(spec.dtype, spec.shape);
   return out;
 }
 
@@ -249,6 +307,33 @@ prepared_run::prepared_run(expanse::context& ctx, const op_config& cfg, const te
     upload("out:" + name, initial);
   }
   ctx.synchronize();  // the host copies above must not be read after this constructor returns
+}
+
+prepared_run::prepared_run(expanse::context& ctx, const op_config& cfg, views_only) : ctx_(ctx), cfg_(cfg) {
+  // Each tensor gets its own 256-aligned range; addresses only (validation reads no data), and the
+  // sizes saturate instead of wrapping, so overlapping ranges never hide behind an overflow.
+  uint64_t next = uint64_t(1) << 20;
+  auto place = [&](const std::string& name, const tensor_spec& spec) {
+    views_[name] = expanse::tensor_of(reinterpret_cast<void*>(static_cast<uintptr_t>(next)), spec.dtype, spec.shape,
+                                      ctx.device_type());
+    unsigned __int128 bytes = expanse_dtype_size(spec.dtype);
+    for (int64_t extent : spec.shape) bytes = std::min<unsigned __int128>(bytes * uint64_t(std::max<int64_t>(extent, 0)), uint64_t(1) << 56);
+    next += (static_cast<uint64_t>(bytes) + 511) / 256 * 256;
+  };
+  for (const auto& [name, spec] : input_specs(cfg)) place("in:" + name, spec);
+  for (const auto& [name, spec] : output_specs(cfg, false)) place("out:" + name, spec);
+}
+
+void validate_case(expanse::context& ctx, const op_config& cfg) {
+  struct verdict {
+    expanse_status status;
+  };
+  prepared_run views(ctx, cfg, prepared_run::views_only{});
+  try {
+    views.execute([&](void* args) { throw verdict{expanse_supports(ctx.get(), cfg.op, args, nullptr, 0)}; });
+  } catch (const verdict& v) {
+    if (v.status != EXPANSE_OK) throw expanse::error(v.status, expanse_last_error());
+  }
 }
 
 const expanse_tensor* prepared_run::in(const char* name) const {
@@ -398,6 +483,7 @@ check_result check_case(expanse::context& ctx, const op_config& cfg, uint64_t se
   r.seed = seed;
   r.backend = ctx.backend();
   try {
+    validate_case(ctx, cfg);
     const tensor_map inputs = make_inputs(cfg, seed);
     // The backend runs before the oracle: the library's validation (and the backend's support
     // check) then rejects a bad case at once, not after seconds of oracle work.

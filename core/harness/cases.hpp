@@ -65,6 +65,16 @@ uint16_t double_to_bf16(double x);
 
 using tensor_map = std::map<std::string, host_tensor>;
 
+// The dtype and shape of one tensor of a case, known before any memory is allocated.
+struct tensor_spec {
+  expanse_dtype dtype;
+  std::vector<int64_t> shape;
+};
+using spec_map = std::map<std::string, tensor_spec>;
+// The inputs make_inputs draws and the outputs make_outputs allocates, as specs.
+spec_map input_specs(const op_config& cfg);
+spec_map output_specs(const op_config& cfg, bool oracle);
+
 // Fresh random inputs for a config (normal q/k/v, log_g = logsigmoid of noise, states as produced
 // by a random sequence), rounded to cfg.dtype. `consistent` = false replaces query_state's states and
 // intra-chunk inputs by plain noise (for timing at sizes where the naive oracle would be too slow).
@@ -86,6 +96,11 @@ class prepared_run {
   tensor_map download() const; // copies the outputs back and synchronizes
 
  private:
+  friend void validate_case(expanse::context& ctx, const op_config& cfg);
+  struct views_only {};
+  // Views of cfg's tensors at distinct addresses that hold nothing (for validate_case).
+  prepared_run(expanse::context& ctx, const op_config& cfg, views_only);
+
   const expanse_tensor* in(const char* name) const;
   expanse_tensor* out(const char* name);
 
@@ -95,6 +110,12 @@ class prepared_run {
   std::map<std::string, expanse::device_buffer> buffers_;
   std::map<std::string, expanse_tensor> views_;
 };
+
+// The library's verdict on cfg for ctx (validation, then the backend's support) before any input is
+// drawn or memory touched: throws expanse::error as running cfg would (INVALID_ARGUMENT,
+// UNSUPPORTED). check_case and bench call it first, so a bad case fails at once even where drawing
+// its inputs would take minutes (query_state's consistent states at p = 7, d = 32).
+void validate_case(expanse::context& ctx, const op_config& cfg);
 
 // Runs cfg once on ctx and returns the outputs (host). Throws expanse::error on failure
 // (EXPANSE_ERROR_UNSUPPORTED included).

@@ -59,19 +59,22 @@ std::vector<unsigned char> fetch_to_host(const expanse_context& ctx, const void*
   return host;
 }
 
-// Validates args for ctx's device (and their values, with the finite check on) and asks the backend
-// whether it implements the problem. `kind` is the caller's integer code.
+// The finite check (when on) of a validated op's inputs, before it runs.
+void check_values(expanse_context& ctx, const expanse_op& op, const void* args) {
+  if (!ctx.check_finite) return;
+  const char* name = expanse_op_name(op.kind);
+  if (table_of(ctx).device_type == EXPANSE_DEVICE_CPU) {
+    check_finite_inputs(name, *op_tensors(op.kind), args, nullptr);
+  } else {
+    const fetch_fn fetch = [&](const void* ptr, size_t bytes) { return fetch_to_host(ctx, ptr, bytes); };
+    check_finite_inputs(name, *op_tensors(op.kind), args, &fetch);
+  }
+}
+
+// Validates args for ctx's device and asks the backend whether it implements the problem (reading
+// no tensor's data). `kind` is the caller's integer code.
 void prepare(expanse_context& ctx, int32_t kind, const void* args, validated_op& v, expanse_op& op) {
   validate_op(kind, args, requirement_of(ctx), v);
-  if (ctx.check_finite) {
-    const char* name = expanse_op_name(static_cast<expanse_op_kind>(kind));
-    if (table_of(ctx).device_type == EXPANSE_DEVICE_CPU) {
-      check_finite_inputs(name, *op_tensors(kind), args, nullptr);
-    } else {
-      const fetch_fn fetch = [&](const void* ptr, size_t bytes) { return fetch_to_host(ctx, ptr, bytes); };
-      check_finite_inputs(name, *op_tensors(kind), args, &fetch);
-    }
-  }
   op.kind = static_cast<expanse_op_kind>(kind);
   op.args = v.args;
   op.problem = &v.problem;
@@ -196,6 +199,7 @@ EXPANSE_API expanse_status expanse_run(expanse_context* ctx, expanse_op_kind kin
     validated_op v;
     expanse_op op{};
     prepare(c, enum_code(kind), args, v, op);
+    check_values(c, op, args);
     // Nothing to write (every output empty): done, whatever the other sizes (a zero-row problem
     // with d = 2^63 - 1 is valid, and no backend need build its tables).
     if (!writes_anything(*op_tensors(op.kind), args)) return;

@@ -306,7 +306,8 @@ EXPANSE_API expanse_status expanse_context_set_check_finite(expanse_context* ctx
 
 /* Whether the context's backend implements this problem; when not, the reason is written to
  * `reason` (may be NULL) and EXPANSE_ERROR_UNSUPPORTED is returned. Invalid input gives
- * EXPANSE_ERROR_INVALID_ARGUMENT. */
+ * EXPANSE_ERROR_INVALID_ARGUMENT. Reads no tensor's data (so no finite check either): the
+ * descriptors alone are validated. */
 EXPANSE_API expanse_status expanse_supports(expanse_context* ctx, expanse_op_kind op,
                                             const void* args, char* reason, size_t reason_len);
 EXPANSE_API expanse_status expanse_workspace_size(expanse_context* ctx, expanse_op_kind op,
