@@ -78,6 +78,7 @@ void prepare(expanse_context& ctx, int32_t kind, const void* args, validated_op&
   op.kind = static_cast<expanse_op_kind>(kind);
   op.args = v.args;
   op.problem = &v.problem;
+  op.memo = v.memo;
   char reason[512] = {0};
   if (table_of(ctx).supports(&op, reason, sizeof(reason)) != EXPANSE_OK) {
     reason[sizeof(reason) - 1] = '\0';

@@ -22,6 +22,8 @@ struct validated_op {
   expanse_tensor step_tensors[7]{};
   // power_attention: the chunk size it runs with (EXPANSE_CHUNK_AUTO resolved; 0: quadratic).
   int64_t chunk_size = 0;
+  // The backend's memo of this call (expanse_op::memo), zeroed with the rest.
+  int64_t memo[EXPANSE_OP_MEMO_WORDS]{};
 };
 
 // Throws api_error(EXPANSE_ERROR_INVALID_ARGUMENT) naming the argument and the expected value.

@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 /* Bump on any change of the structs below. A module built for another version is refused. */
-#define EXPANSE_BACKEND_ABI_VERSION 1u
+#define EXPANSE_BACKEND_ABI_VERSION 2u
 #define EXPANSE_BACKEND_ENTRY_SYMBOL "expanse_backend_entry"
 
 /* The sizes and flags of a validated problem. Fields that do not apply to an op are 0. */
@@ -35,10 +35,17 @@ typedef struct expanse_problem {
   int64_t rows;              /* sympow_expand: number of vectors; discumsum: elements per (b,n,h) */
 } expanse_problem;
 
+/* Words of an op's memo (below). */
+#define EXPANSE_OP_MEMO_WORDS 4
+
 typedef struct expanse_op {
   expanse_op_kind kind;
   const void* args; /* the public expanse_<op>_args struct of this kind */
   const expanse_problem* problem;
+  /* The call's memo: EXPANSE_OP_MEMO_WORDS words that the core zeroes before a call's first backend
+   * function and keeps through that call's supports, workspace_size and run, so that a backend
+   * decides once per call (which implementation takes the problem) and recalls it after. */
+  int64_t* memo;
 } expanse_op;
 
 typedef struct expanse_exec {
