@@ -55,20 +55,6 @@ EXPANSE_API size_t expanse_dtype_size(expanse_dtype dtype) { return dtype_size_o
 
 EXPANSE_API const char* expanse_dtype_name(expanse_dtype dtype) { return dtype_name_of(enum_code(dtype)); }
 
-EXPANSE_API const char* expanse_op_name(expanse_op_kind op) {
-  switch (enum_code(op)) {
-    case EXPANSE_OP_SYMPOW_EXPAND: return "sympow_expand";
-    case EXPANSE_OP_UPDATE_STATE: return "update_state";
-    case EXPANSE_OP_DISCUMSUM: return "discumsum";
-    case EXPANSE_OP_QUERY_STATE: return "query_state";
-    case EXPANSE_OP_CHUNK_ATTENTION: return "chunk_attention";
-    case EXPANSE_OP_POWER_ATTENTION: return "power_attention";
-    case EXPANSE_OP_POWER_ATTENTION_STEP: return "power_attention_step";
-    case EXPANSE_OP_COUNT: break;
-  }
-  return "unknown";
-}
-
 EXPANSE_API expanse_status expanse_tensor_make(expanse_tensor* t, void* data, expanse_dtype dtype,
                                                int32_t ndim, const int64_t* shape,
                                                expanse_device_type device_type, int32_t device_id) {
@@ -92,54 +78,6 @@ EXPANSE_API expanse_status expanse_tensor_make(expanse_tensor* t, void* data, ex
         fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_tensor_make: the element count of argument 'shape' overflows int64 (at dimension %d)", i);
     }
   });
-}
-
-static const expanse_layout default_layout = {EXPANSE_LAYOUT_SYMPOW, 0};
-
-EXPANSE_API void expanse_sympow_expand_args_init(expanse_sympow_expand_args* a) {
-  if (!a) return;
-  std::memset(a, 0, sizeof(*a));
-  a->p = 2;
-  a->layout = default_layout;
-}
-EXPANSE_API void expanse_update_state_args_init(expanse_update_state_args* a) {
-  if (!a) return;
-  std::memset(a, 0, sizeof(*a));
-  a->p = 2;
-  a->chunk_size = 128;
-  a->layout = default_layout;
-}
-EXPANSE_API void expanse_discumsum_args_init(expanse_discumsum_args* a) {
-  if (a) std::memset(a, 0, sizeof(*a));
-}
-EXPANSE_API void expanse_query_state_args_init(expanse_query_state_args* a) {
-  if (!a) return;
-  std::memset(a, 0, sizeof(*a));
-  a->p = 2;
-  a->chunk_size = 128;
-  a->normalize = 1;
-  a->layout = default_layout;
-}
-EXPANSE_API void expanse_chunk_attention_args_init(expanse_chunk_attention_args* a) {
-  if (!a) return;
-  std::memset(a, 0, sizeof(*a));
-  a->p = 2;
-  a->chunk_size = 128;
-}
-EXPANSE_API void expanse_power_attention_args_init(expanse_power_attention_args* a) {
-  if (!a) return;
-  std::memset(a, 0, sizeof(*a));
-  a->p = 2;
-  a->chunk_size = EXPANSE_CHUNK_AUTO;
-  a->normalize = 1;
-  a->layout = default_layout;
-}
-EXPANSE_API void expanse_power_attention_step_args_init(expanse_power_attention_step_args* a) {
-  if (!a) return;
-  std::memset(a, 0, sizeof(*a));
-  a->p = 2;
-  a->normalize = 1;
-  a->layout = default_layout;
 }
 
 }  // extern "C"

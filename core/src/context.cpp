@@ -64,10 +64,10 @@ void check_values(expanse_context& ctx, const expanse_op& op, const void* args) 
   if (!ctx.check_finite) return;
   const char* name = expanse_op_name(op.kind);
   if (table_of(ctx).device_type == EXPANSE_DEVICE_CPU) {
-    check_finite_inputs(name, *op_tensors(op.kind), args, nullptr);
+    check_finite_inputs(name, *op_declaration(op.kind), args, nullptr);
   } else {
     const fetch_fn fetch = [&](const void* ptr, size_t bytes) { return fetch_to_host(ctx, ptr, bytes); };
-    check_finite_inputs(name, *op_tensors(op.kind), args, &fetch);
+    check_finite_inputs(name, *op_declaration(op.kind), args, &fetch);
   }
 }
 
@@ -203,7 +203,7 @@ EXPANSE_API expanse_status expanse_run(expanse_context* ctx, expanse_op_kind kin
     check_values(c, op, args);
     // Nothing to write (every output empty): done, whatever the other sizes (a zero-row problem
     // with d = 2^63 - 1 is valid, and no backend need build its tables).
-    if (!writes_anything(*op_tensors(op.kind), args)) return;
+    if (!writes_anything(*op_declaration(op.kind), args)) return;
     size_t needed = 0;
     backend_call(c, "workspace query", table_of(c).workspace_size(&op, &needed), nullptr);
     if (needed > c.workspace_bytes)
@@ -219,15 +219,12 @@ EXPANSE_API expanse_status expanse_run(expanse_context* ctx, expanse_op_kind kin
   });
 }
 
-#define EXPANSE_TYPED_OP(fn, kind, type) \
-  EXPANSE_API expanse_status fn(expanse_context* ctx, const type* a) { return expanse_run(ctx, kind, a); }
-EXPANSE_TYPED_OP(expanse_sympow_expand, EXPANSE_OP_SYMPOW_EXPAND, expanse_sympow_expand_args)
-EXPANSE_TYPED_OP(expanse_update_state, EXPANSE_OP_UPDATE_STATE, expanse_update_state_args)
-EXPANSE_TYPED_OP(expanse_discumsum, EXPANSE_OP_DISCUMSUM, expanse_discumsum_args)
-EXPANSE_TYPED_OP(expanse_query_state, EXPANSE_OP_QUERY_STATE, expanse_query_state_args)
-EXPANSE_TYPED_OP(expanse_chunk_attention, EXPANSE_OP_CHUNK_ATTENTION, expanse_chunk_attention_args)
-EXPANSE_TYPED_OP(expanse_power_attention, EXPANSE_OP_POWER_ATTENTION, expanse_power_attention_args)
-EXPANSE_TYPED_OP(expanse_power_attention_step, EXPANSE_OP_POWER_ATTENTION_STEP, expanse_power_attention_step_args)
+// expanse_<name>(ctx, args) for every operation.
+#define EXPANSE_TYPED_OP(name, NAME)                                                              \
+  EXPANSE_API expanse_status expanse_##name(expanse_context* ctx, const expanse_##name##_args* a) { \
+    return expanse_run(ctx, EXPANSE_OP_##NAME, a);                                                \
+  }
+EXPANSE_OPERATIONS(EXPANSE_TYPED_OP)
 #undef EXPANSE_TYPED_OP
 
 EXPANSE_API expanse_status expanse_malloc(expanse_context* ctx, size_t bytes, void** ptr) {

@@ -80,9 +80,9 @@ void scan(const char* op, const char* name, const expanse_tensor& t, const unsig
 
 }  // namespace
 
-void check_finite_inputs(const char* op, const op_tensor_table& table, const void* args, const fetch_fn* fetch) {
-  for (int32_t a = 0; a < table.count; ++a) {
-    const expanse_tensor_arg_info& info = table.args[a];
+void check_finite_inputs(const char* op, const op_decl& decl, const void* args, const fetch_fn* fetch) {
+  for (int32_t a = 0; a < decl.tensor_count; ++a) {
+    const expanse_tensor_arg_info& info = decl.tensor_infos[a];
     const expanse_tensor* t = tensor_at(args, info);
     if (info.role == EXPANSE_ARG_OUTPUT || !t) continue;
     int64_t span = 1;  // elements from the first to the last one, inclusive

@@ -15,6 +15,6 @@ using fetch_fn = std::function<std::vector<unsigned char>(const void* device_ptr
 // Throws api_error(EXPANSE_ERROR_INVALID_ARGUMENT) naming the first input (in table order) that holds
 // a NaN or an infinity, and the index of that element. `fetch` is null when the tensors are in host
 // memory.
-void check_finite_inputs(const char* op, const op_tensor_table& table, const void* args, const fetch_fn* fetch);
+void check_finite_inputs(const char* op, const op_decl& decl, const void* args, const fetch_fn* fetch);
 
 }  // namespace expanse::detail

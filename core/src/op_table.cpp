@@ -1,10 +1,11 @@
-// The tensor arguments of every operation, in one table: which fields of each *_args struct hold
-// tensors, whether they are read, written or updated in place, and whether they may be NULL.
-// Validation walks it for the checks every tensor gets (required, overlap, finite values); so do the
-// tests and the fuzzers, through expanse_op_tensor_args.
+// The table of operations: each operation declared once, here. An entry names the operation's
+// arguments struct, then its tensors (role, required, shape rule, dtype rule, what they tell the
+// backend) and its parameters (type, default, check). docs/design.md, "Adding an operation", says
+// what else a new operation needs.
 #include "op_table.hpp"
 
 #include <cstddef>
+#include <cstring>
 
 #include "codes.hpp"
 #include "errors.hpp"
@@ -13,87 +14,195 @@ namespace expanse::detail {
 namespace {
 
 constexpr int32_t kIn = EXPANSE_ARG_INPUT, kOut = EXPANSE_ARG_OUTPUT, kInOut = EXPANSE_ARG_IN_OUT;
+constexpr int32_t kRequired = 1, kOptional = 0;
+using D = dtype_rule;
 
-#define EXPANSE_ARG(args, field, role, required) {#field, offsetof(args, field), role, required}
+// A tensor field of struct S: name, role, required, shape rule, dtype rule, then the optional fields
+// of tensor_decl (other, flags, needs, with_normalize, group).
+#define EXPANSE_TENSOR(S, field, role, required, dims, ...) \
+  tensor_decl { {#field, offsetof(S, field), role, required, dims}, __VA_ARGS__ }
+// A parameter field of struct S: type, default, check, help.
+#define EXPANSE_PARAM(S, field, type, value, check, help) \
+  param_decl { {#field, offsetof(S, field), type, value, help}, param_check::check }
 
-const expanse_tensor_arg_info kSympowExpand[] = {
-    EXPANSE_ARG(expanse_sympow_expand_args, x, kIn, 1),
-    EXPANSE_ARG(expanse_sympow_expand_args, out, kOut, 1),
+#define EXPANSE_P(S, max) \
+  EXPANSE_PARAM(S, p, EXPANSE_PARAM_INT32, 2, degree, "degree of the power (1.." #max ")")
+#define EXPANSE_LAYOUT(S)                                                              \
+  EXPANSE_PARAM(S, layout, EXPANSE_PARAM_LAYOUT, EXPANSE_LAYOUT_SYMPOW, layout,        \
+                "feature map layout: sympow, tensor or tiled:N (N divides d)")
+#define EXPANSE_SCALE(S) \
+  EXPANSE_PARAM(S, scale, EXPANSE_PARAM_DOUBLE, 0, scale, "query scale; 0 means 1/sqrt(d)")
+#define EXPANSE_NORMALIZE(S) \
+  EXPANSE_PARAM(S, normalize, EXPANSE_PARAM_INT32, 1, flag, "1: divide by the normalizer (even p only); 0: no")
+
+// ---------------------------------------------------------------- sympow_expand
+using sympow_expand = expanse_sympow_expand_args;
+const tensor_decl kSympowExpandTensors[] = {
+    EXPANSE_TENSOR(sympow_expand, x, kIn, kRequired, "... d", D::any_float),
+    EXPANSE_TENSOR(sympow_expand, out, kOut, kRequired, "... D", D::output_of, "x", kPrimary),
 };
-const expanse_tensor_arg_info kUpdateState[] = {
-    EXPANSE_ARG(expanse_update_state_args, k, kIn, 1),
-    EXPANSE_ARG(expanse_update_state_args, v, kIn, 1),
-    EXPANSE_ARG(expanse_update_state_args, log_g, kIn, 0),
-    EXPANSE_ARG(expanse_update_state_args, S, kOut, 1),
-    EXPANSE_ARG(expanse_update_state_args, z, kOut, 0),
-};
-const expanse_tensor_arg_info kDiscumsum[] = {
-    EXPANSE_ARG(expanse_discumsum_args, X, kIn, 1),
-    EXPANSE_ARG(expanse_discumsum_args, A, kIn, 1),
-    EXPANSE_ARG(expanse_discumsum_args, Y_init, kIn, 0),
-    EXPANSE_ARG(expanse_discumsum_args, Y, kOut, 1),
-};
-const expanse_tensor_arg_info kQueryState[] = {
-    EXPANSE_ARG(expanse_query_state_args, q, kIn, 1),
-    EXPANSE_ARG(expanse_query_state_args, S, kIn, 1),
-    EXPANSE_ARG(expanse_query_state_args, z, kIn, 0),
-    EXPANSE_ARG(expanse_query_state_args, log_g, kIn, 0),
-    EXPANSE_ARG(expanse_query_state_args, y, kIn, 0),
-    EXPANSE_ARG(expanse_query_state_args, l, kIn, 0),
-    EXPANSE_ARG(expanse_query_state_args, rowmax, kIn, 0),
-    EXPANSE_ARG(expanse_query_state_args, o, kOut, 1),
-};
-const expanse_tensor_arg_info kChunkAttention[] = {
-    EXPANSE_ARG(expanse_chunk_attention_args, q, kIn, 1),
-    EXPANSE_ARG(expanse_chunk_attention_args, k, kIn, 1),
-    EXPANSE_ARG(expanse_chunk_attention_args, v, kIn, 1),
-    EXPANSE_ARG(expanse_chunk_attention_args, log_g, kIn, 0),
-    EXPANSE_ARG(expanse_chunk_attention_args, y, kOut, 1),
-    EXPANSE_ARG(expanse_chunk_attention_args, l, kOut, 1),
-    EXPANSE_ARG(expanse_chunk_attention_args, rowmax, kOut, 1),
-};
-const expanse_tensor_arg_info kPowerAttention[] = {
-    EXPANSE_ARG(expanse_power_attention_args, q, kIn, 1),
-    EXPANSE_ARG(expanse_power_attention_args, k, kIn, 1),
-    EXPANSE_ARG(expanse_power_attention_args, v, kIn, 1),
-    EXPANSE_ARG(expanse_power_attention_args, log_g, kIn, 0),
-    EXPANSE_ARG(expanse_power_attention_args, initial_S, kIn, 0),
-    EXPANSE_ARG(expanse_power_attention_args, initial_z, kIn, 0),
-    EXPANSE_ARG(expanse_power_attention_args, o, kOut, 1),
-    EXPANSE_ARG(expanse_power_attention_args, final_S, kOut, 0),
-    EXPANSE_ARG(expanse_power_attention_args, final_z, kOut, 0),
-};
-const expanse_tensor_arg_info kPowerAttentionStep[] = {
-    EXPANSE_ARG(expanse_power_attention_step_args, q, kIn, 1),
-    EXPANSE_ARG(expanse_power_attention_step_args, k, kIn, 1),
-    EXPANSE_ARG(expanse_power_attention_step_args, v, kIn, 1),
-    EXPANSE_ARG(expanse_power_attention_step_args, log_g, kIn, 0),
-    EXPANSE_ARG(expanse_power_attention_step_args, S, kInOut, 1),
-    EXPANSE_ARG(expanse_power_attention_step_args, z, kInOut, 0),
-    EXPANSE_ARG(expanse_power_attention_step_args, o, kOut, 1),
+const param_decl kSympowExpandParams[] = {
+    EXPANSE_PARAM(sympow_expand, p, EXPANSE_PARAM_INT32, 2, degree, "degree of the power (1..6)"),
+    EXPANSE_LAYOUT(sympow_expand),
 };
 
-#undef EXPANSE_ARG
+// ---------------------------------------------------------------- update_state
+using update_state = expanse_update_state_args;
+const tensor_decl kUpdateStateTensors[] = {
+    EXPANSE_TENSOR(update_state, k, kIn, kRequired, "b t h d", D::any_float),
+    EXPANSE_TENSOR(update_state, v, kIn, kRequired, "b t h e", D::same_as, "k"),
+    EXPANSE_TENSOR(update_state, log_g, kIn, kOptional, "b t h", D::state_float, nullptr, kGates),
+    EXPANSE_TENSOR(update_state, S, kOut, kRequired, "b n h D e", D::state_float, nullptr, kState | kPrimary),
+    EXPANSE_TENSOR(update_state, z, kOut, kOptional, "b n h D", D::same_as, "S", kState),
+};
+const param_decl kUpdateStateParams[] = {
+    EXPANSE_P(update_state, 4),
+    EXPANSE_PARAM(update_state, chunk_size, EXPANSE_PARAM_INT64, 128, chunk, "tokens per chunk (>= 1)"),
+    EXPANSE_LAYOUT(update_state),
+};
 
+// ---------------------------------------------------------------- discumsum
+using discumsum = expanse_discumsum_args;
+const tensor_decl kDiscumsumTensors[] = {
+    EXPANSE_TENSOR(discumsum, X, kIn, kRequired, "b n h ...", D::any_float),
+    EXPANSE_TENSOR(discumsum, A, kIn, kRequired, "b n h", D::state_float),
+    EXPANSE_TENSOR(discumsum, Y_init, kIn, kOptional, "b h ...", D::any_float, nullptr, kInitial),
+    EXPANSE_TENSOR(discumsum, Y, kOut, kRequired, "b n+1 h ...", D::state_float, nullptr, kState | kPrimary),
+};
+
+// ---------------------------------------------------------------- query_state
+using query_state = expanse_query_state_args;
+const tensor_decl kQueryStateTensors[] = {
+    EXPANSE_TENSOR(query_state, q, kIn, kRequired, "b t hq d", D::any_float),
+    EXPANSE_TENSOR(query_state, S, kIn, kRequired, "b n h D e", D::state_float, nullptr, kState),
+    EXPANSE_TENSOR(query_state, z, kIn, kOptional, "b n h D", D::same_as, "S", kState, nullptr, true),
+    EXPANSE_TENSOR(query_state, log_g, kIn, kOptional, "b t h", D::state_float, nullptr, kGates),
+    EXPANSE_TENSOR(query_state, y, kIn, kOptional, "b t hq e", D::state_float, nullptr, kIntra, nullptr, false, 1),
+    EXPANSE_TENSOR(query_state, l, kIn, kOptional, "b t hq", D::state_float, nullptr, 0, nullptr, false, 1),
+    EXPANSE_TENSOR(query_state, rowmax, kIn, kOptional, "b t hq", D::state_float, nullptr, 0, nullptr, false, 1),
+    EXPANSE_TENSOR(query_state, o, kOut, kRequired, "b t hq e", D::output_of, "q", kPrimary),
+};
+const param_decl kQueryStateParams[] = {
+    EXPANSE_P(query_state, 4),
+    EXPANSE_SCALE(query_state),
+    EXPANSE_PARAM(query_state, chunk_size, EXPANSE_PARAM_INT64, 128, chunk, "tokens per chunk (>= 1)"),
+    EXPANSE_NORMALIZE(query_state),
+    EXPANSE_LAYOUT(query_state),
+};
+
+// ---------------------------------------------------------------- chunk_attention
+using chunk_attention = expanse_chunk_attention_args;
+const tensor_decl kChunkAttentionTensors[] = {
+    EXPANSE_TENSOR(chunk_attention, q, kIn, kRequired, "b t hq d", D::any_float),
+    EXPANSE_TENSOR(chunk_attention, k, kIn, kRequired, "b t h d", D::same_as, "q"),
+    EXPANSE_TENSOR(chunk_attention, v, kIn, kRequired, "b t h e", D::same_as, "q"),
+    EXPANSE_TENSOR(chunk_attention, log_g, kIn, kOptional, "b t h", D::state_float, nullptr, kGates),
+    EXPANSE_TENSOR(chunk_attention, y, kOut, kRequired, "b t hq e", D::state_float, nullptr, kState | kPrimary),
+    EXPANSE_TENSOR(chunk_attention, l, kOut, kRequired, "b t hq", D::state_float),
+    EXPANSE_TENSOR(chunk_attention, rowmax, kOut, kRequired, "b t hq", D::state_float),
+};
+const param_decl kChunkAttentionParams[] = {
+    EXPANSE_P(chunk_attention, 4),
+    EXPANSE_SCALE(chunk_attention),
+    EXPANSE_PARAM(chunk_attention, chunk_size, EXPANSE_PARAM_INT64, 128, chunk_or_all,
+                  "tokens per chunk (>= 1); 0: one chunk over the whole sequence"),
+};
+
+// ---------------------------------------------------------------- power_attention
+using power_attention = expanse_power_attention_args;
+const tensor_decl kPowerAttentionTensors[] = {
+    EXPANSE_TENSOR(power_attention, q, kIn, kRequired, "b t hq d", D::any_float),
+    EXPANSE_TENSOR(power_attention, k, kIn, kRequired, "b t h d", D::same_as, "q"),
+    EXPANSE_TENSOR(power_attention, v, kIn, kRequired, "b t h e", D::same_as, "q"),
+    EXPANSE_TENSOR(power_attention, log_g, kIn, kOptional, "b t h", D::state_float, nullptr, kGates),
+    EXPANSE_TENSOR(power_attention, initial_S, kIn, kOptional, "b h D e", D::state_float, nullptr, kState | kInitial),
+    EXPANSE_TENSOR(power_attention, initial_z, kIn, kOptional, "b h D", D::same_as, "initial_S", kState,
+                   "initial_S", true),
+    EXPANSE_TENSOR(power_attention, o, kOut, kRequired, "b t hq e", D::output_of, "v", kPrimary),
+    EXPANSE_TENSOR(power_attention, final_S, kOut, kOptional, "b h D e", D::state_float, nullptr, kState | kFinal),
+    EXPANSE_TENSOR(power_attention, final_z, kOut, kOptional, "b h D", D::same_as, "final_S", kState, "final_S"),
+};
+const param_decl kPowerAttentionParams[] = {
+    EXPANSE_P(power_attention, 4),
+    EXPANSE_SCALE(power_attention),
+    EXPANSE_PARAM(power_attention, chunk_size, EXPANSE_PARAM_INT64, EXPANSE_CHUNK_AUTO, chunk_or_auto,
+                  "tokens per chunk (>= 1); 0: the quadratic form; -1: the backend chooses"),
+    EXPANSE_NORMALIZE(power_attention),
+    EXPANSE_LAYOUT(power_attention),
+};
+
+// ---------------------------------------------------------------- power_attention_step
+using power_attention_step = expanse_power_attention_step_args;
+const tensor_decl kPowerAttentionStepTensors[] = {
+    EXPANSE_TENSOR(power_attention_step, q, kIn, kRequired, "b 1 hq d", D::any_float),
+    EXPANSE_TENSOR(power_attention_step, k, kIn, kRequired, "b 1 h d", D::same_as, "q"),
+    EXPANSE_TENSOR(power_attention_step, v, kIn, kRequired, "b 1 h e", D::same_as, "q"),
+    EXPANSE_TENSOR(power_attention_step, log_g, kIn, kOptional, "b 1 h", D::state_float, nullptr, kGates),
+    EXPANSE_TENSOR(power_attention_step, S, kInOut, kRequired, "b h D e", D::state_float, nullptr,
+                   kState | kInitial | kFinal),
+    EXPANSE_TENSOR(power_attention_step, z, kInOut, kOptional, "b h D", D::same_as, "S", kState, nullptr, true),
+    EXPANSE_TENSOR(power_attention_step, o, kOut, kRequired, "b 1 hq e", D::output_of, "v", kPrimary),
+};
+const param_decl kPowerAttentionStepParams[] = {
+    EXPANSE_P(power_attention_step, 4),
+    EXPANSE_SCALE(power_attention_step),
+    EXPANSE_NORMALIZE(power_attention_step),
+    EXPANSE_LAYOUT(power_attention_step),
+};
+
+#undef EXPANSE_TENSOR
+#undef EXPANSE_PARAM
+#undef EXPANSE_P
+#undef EXPANSE_LAYOUT
+#undef EXPANSE_SCALE
+#undef EXPANSE_NORMALIZE
+
+// The public views (arrays of expanse_tensor_arg_info / expanse_param_info) of a declaration.
 template <size_t N>
-constexpr op_tensor_table table(const expanse_tensor_arg_info (&args)[N], size_t args_size) {
-  return {args, static_cast<int32_t>(N), args_size};
+struct tensor_infos {
+  expanse_tensor_arg_info items[N];
+  explicit constexpr tensor_infos(const tensor_decl (&decls)[N]) : items{} {
+    for (size_t i = 0; i < N; ++i) items[i] = decls[i].info;
+  }
+};
+template <size_t N>
+struct param_infos {
+  expanse_param_info items[N];
+  explicit constexpr param_infos(const param_decl (&decls)[N]) : items{} {
+    for (size_t i = 0; i < N; ++i) items[i] = decls[i].info;
+  }
+};
+
+template <class Args, size_t NT, size_t NP>
+op_decl declare(const char* name, const tensor_decl (&tensors)[NT], const param_decl (&params)[NP],
+                const char* positive, int32_t max_p) {
+  static const tensor_infos<NT> tinfo(tensors);
+  static const param_infos<NP> pinfo(params);
+  return {name, sizeof(Args), tensors, int32_t(NT), params, int32_t(NP), positive, max_p, tinfo.items, pinfo.items};
+}
+template <class Args, size_t NT>
+op_decl declare(const char* name, const tensor_decl (&tensors)[NT], const char* positive) {
+  static const tensor_infos<NT> tinfo(tensors);
+  return {name, sizeof(Args), tensors, int32_t(NT), nullptr, 0, positive, 0, tinfo.items, nullptr};
 }
 
-const op_tensor_table kTables[EXPANSE_OP_COUNT] = {
-    table(kSympowExpand, sizeof(expanse_sympow_expand_args)),
-    table(kUpdateState, sizeof(expanse_update_state_args)),
-    table(kDiscumsum, sizeof(expanse_discumsum_args)),
-    table(kQueryState, sizeof(expanse_query_state_args)),
-    table(kChunkAttention, sizeof(expanse_chunk_attention_args)),
-    table(kPowerAttention, sizeof(expanse_power_attention_args)),
-    table(kPowerAttentionStep, sizeof(expanse_power_attention_step_args)),
+const op_decl kOps[EXPANSE_OP_COUNT] = {
+    declare<sympow_expand>("sympow_expand", kSympowExpandTensors, kSympowExpandParams, "d", 6),
+    declare<update_state>("update_state", kUpdateStateTensors, kUpdateStateParams, "d e h", 4),
+    declare<discumsum>("discumsum", kDiscumsumTensors, ""),
+    declare<query_state>("query_state", kQueryStateTensors, kQueryStateParams, "d e h hq", 4),
+    declare<chunk_attention>("chunk_attention", kChunkAttentionTensors, kChunkAttentionParams, "d e h hq", 4),
+    declare<power_attention>("power_attention", kPowerAttentionTensors, kPowerAttentionParams, "d e h hq", 4),
+    declare<power_attention_step>("power_attention_step", kPowerAttentionStepTensors, kPowerAttentionStepParams,
+                                  "d e h hq", 4),
 };
 
+// The table is in the order of expanse_op_kind: each entry's name is the one EXPANSE_OPERATIONS gives
+// its kind (checked once, at load, by the test of the table).
 }  // namespace
 
-const op_tensor_table* op_tensors(int32_t kind) {
-  return kind >= 0 && kind < EXPANSE_OP_COUNT ? &kTables[kind] : nullptr;
+const op_decl* op_declaration(int32_t kind) {
+  return kind >= 0 && kind < EXPANSE_OP_COUNT ? &kOps[kind] : nullptr;
 }
 
 const expanse_tensor* tensor_at(const void* args, const expanse_tensor_arg_info& info) {
@@ -102,15 +211,42 @@ const expanse_tensor* tensor_at(const void* args, const expanse_tensor_arg_info&
   return t;
 }
 
-bool writes_anything(const op_tensor_table& table, const void* args) {
-  for (int32_t i = 0; i < table.count; ++i) {
-    const expanse_tensor* t = tensor_at(args, table.args[i]);
-    if (table.args[i].role == EXPANSE_ARG_INPUT || !t) continue;
+bool writes_anything(const op_decl& op, const void* args) {
+  for (int32_t i = 0; i < op.tensor_count; ++i) {
+    const expanse_tensor_arg_info& info = op.tensors[i].info;
+    const expanse_tensor* t = tensor_at(args, info);
+    if (info.role == EXPANSE_ARG_INPUT || !t) continue;
     bool empty = false;
     for (int d = 0; d < t->ndim; ++d) empty = empty || t->shape[d] == 0;
     if (!empty) return true;
   }
   return false;
+}
+
+void init_args(const op_decl& op, void* args) {
+  std::memset(args, 0, op.args_size);
+  char* base = static_cast<char*>(args);
+  for (int32_t i = 0; i < op.param_count; ++i) {
+    const expanse_param_info& p = op.params[i].info;
+    switch (p.type) {
+      case EXPANSE_PARAM_INT32: {
+        const int32_t v = static_cast<int32_t>(p.default_value);
+        std::memcpy(base + p.offset, &v, sizeof(v));
+        break;
+      }
+      case EXPANSE_PARAM_INT64: {
+        const int64_t v = static_cast<int64_t>(p.default_value);
+        std::memcpy(base + p.offset, &v, sizeof(v));
+        break;
+      }
+      case EXPANSE_PARAM_DOUBLE: std::memcpy(base + p.offset, &p.default_value, sizeof(double)); break;
+      case EXPANSE_PARAM_LAYOUT: {
+        const expanse_layout v{static_cast<int32_t>(p.default_value), 0};
+        std::memcpy(base + p.offset, &v, sizeof(v));
+        break;
+      }
+    }
+  }
 }
 
 }  // namespace expanse::detail
@@ -119,15 +255,49 @@ using namespace expanse::detail;
 
 extern "C" {
 
+EXPANSE_API const char* expanse_op_name(expanse_op_kind op) {
+  const op_decl* decl = op_declaration(enum_code(op));
+  return decl ? decl->name : "unknown";
+}
+
+EXPANSE_API expanse_status expanse_op_from_name(const char* name, expanse_op_kind* op) {
+  return guarded([&] {
+    if (!op) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_op_from_name: argument 'op' is NULL");
+    std::string known;
+    for (int32_t k = 0; k < EXPANSE_OP_COUNT; ++k) {
+      if (name && std::strcmp(name, kOps[k].name) == 0) {
+        *op = static_cast<expanse_op_kind>(k);
+        return;
+      }
+      known += (k ? ", " : "") + std::string(kOps[k].name);
+    }
+    fail(EXPANSE_ERROR_INVALID_ARGUMENT, "unknown operation '%s' (known: %s)", name ? name : "(null)", known.c_str());
+  });
+}
+
 EXPANSE_API int32_t expanse_op_tensor_args(expanse_op_kind op, const expanse_tensor_arg_info** args) {
-  const op_tensor_table* table = op_tensors(enum_code(op));
-  if (args) *args = table ? table->args : nullptr;
-  return table ? table->count : -1;
+  const op_decl* decl = op_declaration(enum_code(op));
+  if (args) *args = decl ? decl->tensor_infos : nullptr;
+  return decl ? decl->tensor_count : -1;
+}
+
+EXPANSE_API int32_t expanse_op_params(expanse_op_kind op, const expanse_param_info** params) {
+  const op_decl* decl = op_declaration(enum_code(op));
+  if (params) *params = decl ? decl->param_infos : nullptr;
+  return decl ? decl->param_count : -1;
 }
 
 EXPANSE_API size_t expanse_op_args_size(expanse_op_kind op) {
-  const op_tensor_table* table = op_tensors(enum_code(op));
-  return table ? table->args_size : 0;
+  const op_decl* decl = op_declaration(enum_code(op));
+  return decl ? decl->args_size : 0;
 }
+
+// expanse_<name>_args_init for every operation.
+#define EXPANSE_ARGS_INIT(name, NAME)                                       \
+  EXPANSE_API void expanse_##name##_args_init(expanse_##name##_args* a) {   \
+    if (a) init_args(*op_declaration(EXPANSE_OP_##NAME), a);                \
+  }
+EXPANSE_OPERATIONS(EXPANSE_ARGS_INIT)
+#undef EXPANSE_ARGS_INIT
 
 }  // extern "C"

@@ -1,7 +1,13 @@
+// One validation for every operation: it walks the operation's declaration (op_table.cpp), checking
+// each parameter by its kind and each tensor by its shape rule and dtype rule, binding the sizes
+// (b, t, hq, h, d, e, ...) where a tensor first shows them and holding every later tensor to them.
+// No operation is spelled out here.
 #include "validate.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdarg>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -30,126 +36,278 @@ std::string dtype_list(unsigned mask) {
   return s;
 }
 
-// Checks one op's arguments; every message starts with the op name and names the argument.
+// The sizes a shape rule names (expanse_tensor_arg_info::dims).
+enum symbol : int { kB, kT, kHq, kH, kDh, kE, kDphi, kN, kSymbolCount, kNPlus1, kOne, kRest };
+const char* const kSymbolNames[kSymbolCount] = {"b", "t", "hq", "h", "d", "e", "D", "n"};
+const char* const kSymbolMeaning[kSymbolCount] = {
+    "batch size b", "sequence length t", "number of query heads hq", "number of key/value heads h",
+    "head dimension d", "value dimension e", "expanded dimension D", "number of chunks n"};
+
+// A shape rule, parsed: up to EXPANSE_MAX_DIMS + 1 symbols ("..." counts as one).
+struct rule {
+  int symbols[EXPANSE_MAX_DIMS + 1];
+  int count = 0;
+  int rest_at = -1;  // position of "...", -1 when none
+  int one_at = -1;   // position of "1", the axis a tensor may omit
+
+  explicit rule(const char* dims) {
+    const char* p = dims;
+    while (*p) {
+      while (*p == ' ') ++p;
+      const char* end = p;
+      while (*end && *end != ' ') ++end;
+      if (end == p) break;
+      const std::string word(p, end);
+      int s = -1;
+      if (word == "...") s = kRest, rest_at = count;
+      else if (word == "n+1") s = kNPlus1;
+      else if (word == "1") s = kOne, one_at = count;
+      for (int i = 0; i < kSymbolCount && s < 0; ++i)
+        if (word == kSymbolNames[i]) s = i;
+      if (s < 0 || count == EXPANSE_MAX_DIMS + 1) fail(EXPANSE_ERROR_INTERNAL, "bad shape rule '%s'", dims);
+      symbols[count++] = s;
+      p = end;
+    }
+  }
+  // "[b,t,hq,d]"
+  std::string text() const {
+    std::string s = "[";
+    for (int i = 0; i < count; ++i) {
+      const int y = symbols[i];
+      s += (i ? "," : "") + std::string(y < kSymbolCount ? kSymbolNames[y] : y == kNPlus1 ? "n+1" : y == kOne ? "1" : "...");
+    }
+    return s + "]";
+  }
+};
+
+// Checks one call's arguments against its declaration. Throws api_error naming the argument; every
+// message starts with the operation's name.
 class checker {
  public:
-  checker(const char* op, device_requirement device) : op_(op), device_(device) {}
+  // device: where tensors must live; nullptr when only shapes are wanted (output_shape).
+  checker(const op_decl& op, const void* args, const device_requirement* device)
+      : op_(op), args_(static_cast<const char*>(args)), device_(device) {}
 
   [[noreturn]] void error(const char* fmt, ...) const __attribute__((format(printf, 2, 3))) {
-    va_list args;
-    va_start(args, fmt);
-    std::string s = vformat(fmt, args);
-    va_end(args);
-    throw api_error{EXPANSE_ERROR_INVALID_ARGUMENT, std::string(op_) + ": " + s};
+    va_list list;
+    va_start(list, fmt);
+    std::string s = vformat(fmt, list);
+    va_end(list);
+    throw api_error{EXPANSE_ERROR_INVALID_ARGUMENT, std::string(op_.name) + ": " + s};
   }
 
-  // Structural checks every tensor gets: rank, dtype code, sizes, strides, overflow, device, data.
-  // `output` tensors must also not overlap themselves (no two elements at one address).
-  const expanse_tensor& tensor(const char* name, const expanse_tensor* t, bool output) const {
-    if (!t) error("argument '%s' is required but NULL", name);
-    if (t->ndim < 0 || t->ndim > EXPANSE_MAX_DIMS)
-      error("argument '%s': ndim must be in 0..%d, got %d", name, EXPANSE_MAX_DIMS, t->ndim);
-    if (dtype_size_of(t->dtype) == 0)
-      error("argument '%s': unknown dtype code %d (expected f16, bf16, f32 or f64)", name, t->dtype);
-    __int128 elements = 1, last_offset = 0;
-    for (int i = 0; i < t->ndim; ++i) {
-      if (t->shape[i] < 0) error("argument '%s': dimension %d is negative (%lld)", name, i, (long long)t->shape[i]);
-      if (t->strides[i] < 0)
-        error("argument '%s': negative stride %lld in dimension %d is not supported", name,
-              (long long)t->strides[i], i);
-      elements *= t->shape[i];
-      if (t->shape[i] > 0) last_offset += static_cast<__int128>(t->strides[i]) * (t->shape[i] - 1);
-      if (elements > INT64_MAX || last_offset > INT64_MAX / 8)
-        error("argument '%s': size of shape %s overflows", name, shape_text(*t).c_str());
+  const expanse_tensor* tensor(int i) const { return tensor_at(args_, op_.tensors[i].info); }
+  int index_of(const char* name) const {
+    for (int i = 0; i < op_.tensor_count; ++i)
+      if (std::strcmp(op_.tensors[i].info.name, name) == 0) return i;
+    fail(EXPANSE_ERROR_INTERNAL, "%s: no tensor '%s' in the table", op_.name, name);
+  }
+
+  // Which tensors are given: required ones, and the rules between optional ones.
+  void presence(bool outputs_too) const {
+    const int32_t normalize = param_int32(param_check::flag);
+    for (int i = 0; i < op_.tensor_count; ++i) {
+      const tensor_decl& t = op_.tensors[i];
+      const bool present = tensor(i) != nullptr, checked = outputs_too || t.info.role == EXPANSE_ARG_INPUT;
+      if (!checked) continue;
+      if (t.info.required && !present) error("argument '%s' is required but NULL", t.info.name);
+      const bool needed_present = !t.needs || tensor(index_of(t.needs));
+      if (present && !needed_present) error("argument '%s' needs '%s'", t.info.name, t.needs);
+      if (t.with_normalize && normalize == 1 && needed_present && !present) {
+        if (t.needs) error("argument '%s' is required with '%s' when normalize=1", t.info.name, t.needs);
+        error("argument '%s' is required when normalize=1", t.info.name);
+      }
     }
-    if (elements > 0) {
-      if (!t->data) error("argument '%s' has %lld elements but its data pointer is NULL", name, (long long)elements);
-      if (t->device_type != device_.device_type)
-        error("argument '%s' is on device type %d, but the context's backend works on device type %d (%s)", name,
-              t->device_type, device_.device_type, device_.device_type == EXPANSE_DEVICE_CPU ? "CPU" : "GPU");
-      if (device_.device_type != EXPANSE_DEVICE_CPU && t->device_id != device_.device_id)
-        error("argument '%s' is on device %d, but the context uses device %d", name, t->device_id, device_.device_id);
-      const uintptr_t align = dtype_size_of(t->dtype);
-      if (reinterpret_cast<uintptr_t>(t->data) % align != 0)
-        error("argument '%s': data pointer is not aligned to its element size (%u bytes)", name, unsigned(align));
-      if (output) check_no_self_overlap(name, *t);
+    for (int i = 0; i < op_.tensor_count; ++i) {
+      const uint8_t g = op_.tensors[i].group;
+      if (!g) continue;
+      std::string names;
+      bool some = false, all = true;
+      for (int j = 0; j < op_.tensor_count; ++j)
+        if (op_.tensors[j].group == g) {
+          names += (names.empty() ? "'" : "', '") + std::string(op_.tensors[j].info.name);
+          some = some || tensor(j);
+          all = all && tensor(j);
+        }
+      if (some && !all) error("arguments %s' go together: give all of them or none", names.c_str());
     }
-    return *t;
   }
 
-  const expanse_tensor* optional(const char* name, const expanse_tensor* t, bool output) const {
-    return t ? &tensor(name, t, output) : nullptr;
-  }
-
-  void rank(const char* name, const expanse_tensor& t, int r, const char* dims) const {
-    if (t.ndim != r) error("argument '%s' must have rank %d %s, got rank %d with shape %s", name, r, dims, t.ndim,
-                           shape_text(t).c_str());
-  }
-
-  // Dimension `axis` of `t` must equal `expected`; `why` says where the expected value comes from.
-  void dim(const char* name, const expanse_tensor& t, int axis, int64_t expected, const char* dim_name,
-           const char* why) const {
-    if (t.shape[axis] != expected)
-      error("argument '%s': dimension %d (%s) must be %lld %s, got %lld (shape %s)", name, axis, dim_name,
-            (long long)expected, why, (long long)t.shape[axis], shape_text(t).c_str());
-  }
-
-  void dtype(const char* name, const expanse_tensor& t, unsigned mask) const {
-    if (!(mask & bit(t.dtype)))
-      error("argument '%s' has dtype %s, expected %s", name, dtype_name_of(t.dtype),
-            dtype_list(mask).c_str());
-  }
-
-  void same_dtype(const char* name, const expanse_tensor& t, const char* other, const expanse_tensor& o) const {
-    if (t.dtype != o.dtype)
-      error("argument '%s' has dtype %s, expected %s to match '%s'", name, dtype_name_of(t.dtype),
-            dtype_name_of(o.dtype), other);
-  }
-
-  // Output dtype: the given dtype, or f64 (the reference's oracle outputs).
-  void output_dtype(const char* name, const expanse_tensor& t, int expected, const char* source) const {
-    if (t.dtype != expected && t.dtype != EXPANSE_F64)
-      error("argument '%s' has dtype %s, expected %s (the dtype of '%s') or f64", name,
-            dtype_name_of(t.dtype), dtype_name_of(expected), source);
-  }
-
-  int32_t degree(int32_t p, int32_t max_p) const {
-    if (p < 1 || p > max_p) error("p must be in 1..%d, got %d", max_p, p);
-    return p;
-  }
-
-  // Resolves D for the layout, checking d % d_tile.
-  int64_t expanded(int32_t p, int64_t d, expanse_layout layout) const {
-    if (layout.kind < EXPANSE_LAYOUT_SYMPOW || layout.kind > EXPANSE_LAYOUT_TENSOR)
-      error("argument 'layout': unknown layout kind %d (expected sympow, tiled or tensor)", layout.kind);
-    if (layout.kind == EXPANSE_LAYOUT_TILED) {
-      if (layout.d_tile < 1) error("argument 'layout': tiled layout needs d_tile >= 1, got %d", layout.d_tile);
-      if (d % layout.d_tile != 0)
-        error("argument 'layout': tiled layout needs d %% d_tile == 0, got d=%lld, d_tile=%d", (long long)d,
-              layout.d_tile);
+  // The parameters that need no sizes; the rest (scale, layout, chunk) come with the sizes.
+  void early_params(expanse_problem& pr) const {
+    for (int i = 0; i < op_.param_count; ++i) {
+      const param_decl& p = op_.params[i];
+      if (p.check == param_check::degree) {
+        const int32_t v = param_int32(param_check::degree);
+        if (v < 1 || v > op_.max_p) error("p must be in 1..%d, got %d", op_.max_p, v);
+        pr.p = v;
+      } else if (p.check == param_check::flag) {
+        const int32_t v = param_int32(param_check::flag);
+        if (v != 0 && v != 1) error("argument '%s' must be 0 or 1, got %d", p.info.name, v);
+        if (v && pr.p % 2 != 0)
+          error("normalize=1 needs an even p (normalization is only defined for even p); got p=%d", pr.p);
+        pr.normalize = v;
+      } else if (p.check == param_check::chunk || p.check == param_check::chunk_or_all ||
+                 p.check == param_check::chunk_or_auto) {
+        const int64_t c = chunk_param();
+        if (p.check == param_check::chunk && c < 1) error("chunk_size must be >= 1, got %lld", (long long)c);
+        if (p.check == param_check::chunk_or_all && c < 0)
+          error("chunk_size must be >= 0 (0: one chunk over the whole sequence), got %lld", (long long)c);
+        if (p.check == param_check::chunk_or_auto && c < 0 && c != EXPANSE_CHUNK_AUTO)
+          error("chunk_size must be >= 0 (0: the quadratic form) or EXPANSE_CHUNK_AUTO (-1), got %lld", (long long)c);
+      }
     }
-    const int64_t D = expanded_dim_checked(p, d, layout);
-    if (D < 0) error("expanded dimension D overflows int64 for p=%d, d=%lld", p, (long long)d);
-    return D;
   }
 
-  double scale(double s, int64_t d) const {
-    if (!std::isfinite(s)) error("argument 'scale' must be finite, got %g", s);
-    return s == 0.0 ? 1.0 / std::sqrt(static_cast<double>(d)) : s;
+  // Every given tensor (inputs only when `outputs_too` is false), in table order.
+  void tensors(bool outputs_too, expanse_problem& pr, validated_op* out) {
+    for (int i = 0; i < op_.tensor_count; ++i) {
+      const tensor_decl& decl = op_.tensors[i];
+      const expanse_tensor* t = tensor(i);
+      if (!t || (!outputs_too && decl.info.role != EXPANSE_ARG_INPUT)) continue;
+      const bool output = decl.info.role != EXPANSE_ARG_INPUT;
+      structure(decl.info.name, *t, output);
+      const rule r(decl.info.dims);
+      const expanse_tensor& full = with_full_rank(decl.info.name, *t, r, i, out);
+      rank(decl.info.name, full, r);
+      dtype(decl, full);
+      dims(decl.info.name, full, r);
+      if (first_ == nullptr) first_ = &full, pr.input_dtype = full.dtype;
+      if (decl.flags & kGates) pr.gated = 1;
+      if (decl.flags & kInitial) pr.has_initial_state = 1;
+      if (decl.flags & kFinal) pr.want_final_state = 1;
+      if (decl.flags & kIntra) pr.has_intra = 1;
+      if ((decl.flags & kState) && !state_seen_) pr.state_dtype = full.dtype, state_seen_ = true;
+      if (decl.flags & kPrimary) pr.output_dtype = full.dtype;
+    }
+    if (out && omitted_axis_) {
+      std::memcpy(out->canonical_args, args_, op_.args_size);
+      for (int i = 0; i < op_.tensor_count; ++i)
+        if (canonical_[i]) {
+          const expanse_tensor* p = &out->canonical_tensors[i];
+          std::memcpy(out->canonical_args + op_.tensors[i].info.offset, &p, sizeof(p));
+        }
+      out->args = out->canonical_args;
+    }
   }
 
-  void normalization(int32_t normalize, int32_t p) const {
-    if (normalize != 0 && normalize != 1) error("argument 'normalize' must be 0 or 1, got %d", normalize);
-    if (normalize && p % 2 != 0)
-      error("normalize=1 needs an even p (normalization is only defined for even p); got p=%d", p);
+  // The sizes the tensors left to derive, the parameters that need them, and the problem's sizes.
+  void finish(expanse_problem& pr) {
+    if (!bound_[kHq] && bound_[kH]) bind_value(kHq, value(kH), from_[kH]);
+    if (bound_[kHq] && bound_[kH] && value(kH) > 0 && value(kHq) % value(kH) != 0)
+      error("grouped-query attention needs hq %% h == 0: '%s' has hq=%lld heads, '%s' has h=%lld", from_[kHq],
+            (long long)value(kHq), from_[kH], (long long)value(kH));
+    pr.b = bound_[kB] ? value(kB) : 0;
+    pr.t = bound_[kT] ? value(kT) : 0;
+    pr.hq = bound_[kHq] ? value(kHq) : 0;
+    pr.h = bound_[kH] ? value(kH) : 0;
+    pr.d = bound_[kDh] ? value(kDh) : 0;
+    pr.e = bound_[kE] ? value(kE) : 0;
+    if (op_.max_p > 0) pr.D = derived(kDphi);
+    for (int i = 0; i < op_.param_count; ++i) {
+      const param_decl& p = op_.params[i];
+      if (p.check == param_check::layout) pr.layout = layout();
+      if (p.check == param_check::scale) {
+        double s;
+        std::memcpy(&s, args_ + p.info.offset, sizeof(s));
+        if (!std::isfinite(s)) error("argument 'scale' must be finite, got %g", s);
+        pr.scale = s == 0.0 ? 1.0 / std::sqrt(static_cast<double>(pr.d)) : s;
+      }
+    }
+    if (has_chunk() && chunk_check() == param_check::chunk_or_auto) {
+      // power_attention's form and chunk size: choose_chunk, once the problem is whole.
+    } else if (has_chunk()) {
+      pr.c = chunk_length();
+      pr.n = derived(kN);
+    } else if (bound_[kN]) {
+      pr.n = value(kN);  // discumsum: its chunks are its inputs'
+    } else if (rule_has_one_) {
+      pr.c = pr.n = 1;  // a decoding step: one token
+    }
+    if (rest_bound_) {
+      pr.rows = 1;
+      for (int64_t extent : rest_) pr.rows *= extent;
+    }
   }
 
-  void positive(const char* what, int64_t value) const {
-    if (value < 1) error("%s must be >= 1, got %lld", what, (long long)value);
+  // power_attention's form and chunk size for EXPANSE_CHUNK_AUTO: asked last, as a backend's rule may
+  // look at every other field.
+  void choose_chunk(expanse_problem& pr, validated_op& out) const {
+    if (!has_chunk() || chunk_check() != param_check::chunk_or_auto) return;
+    const int64_t requested = chunk_param();
+    out.chunk_size = requested == EXPANSE_CHUNK_AUTO ? device_->choose_chunk_size(&pr) : requested;
+    if (out.chunk_size < 0)
+      fail(EXPANSE_ERROR_INTERNAL, "%s: the backend chose chunk size %lld for EXPANSE_CHUNK_AUTO", op_.name,
+           (long long)out.chunk_size);
+    pr.c = std::min(out.chunk_size > 0 ? out.chunk_size : pr.t, std::max<int64_t>(pr.t, 1));
+    pr.n = chunks(pr.t, pr.c);
+  }
+
+  // An output's shape by its rule, from the sizes the inputs bound; for a tensor that may omit its
+  // axis of size 1, omitted when the first input omits it.
+  int shape_of(int i, int64_t* shape) {
+    const rule r(op_.tensors[i].info.dims);
+    int n = 0;
+    for (int k = 0; k < r.count; ++k) {
+      const int s = r.symbols[k];
+      if (s == kRest) {
+        for (int64_t extent : rest_) shape[n++] = extent;
+      } else if (s == kOne) {
+        if (!first_omitted_axis_) shape[n++] = 1;
+      } else {
+        shape[n++] = s == kNPlus1 ? derived(kN) + 1 : derived(s);
+      }
+    }
+    return n;
+  }
+
+  // The dtype the library writes to output i by default.
+  int32_t default_dtype(int i, const expanse_problem& pr) const {
+    const tensor_decl& t = op_.tensors[i];
+    switch (t.dtype) {
+      case dtype_rule::output_of: return tensor(index_of(t.other))->dtype;
+      case dtype_rule::same_as: {
+        const int j = index_of(t.other);
+        return tensor(j) && op_.tensors[j].info.role == EXPANSE_ARG_INPUT ? tensor(j)->dtype : default_dtype(j, pr);
+      }
+      case dtype_rule::state_float:
+      case dtype_rule::any_float: break;
+    }
+    return pr.input_dtype == EXPANSE_F64 ? EXPANSE_F64 : EXPANSE_F32;
   }
 
  private:
-  void check_no_self_overlap(const char* name, const expanse_tensor& t) const {
+  // Structural checks every tensor gets: rank, dtype code, sizes, strides, overflow, device, data.
+  // `output` tensors must also not overlap themselves (no two elements at one address).
+  void structure(const char* name, const expanse_tensor& t, bool output) const {
+    if (t.ndim < 0 || t.ndim > EXPANSE_MAX_DIMS)
+      error("argument '%s': ndim must be in 0..%d, got %d", name, EXPANSE_MAX_DIMS, t.ndim);
+    if (dtype_size_of(t.dtype) == 0)
+      error("argument '%s': unknown dtype code %d (expected f16, bf16, f32 or f64)", name, t.dtype);
+    __int128 elements = 1, last_offset = 0;
+    for (int i = 0; i < t.ndim; ++i) {
+      if (t.shape[i] < 0) error("argument '%s': dimension %d is negative (%lld)", name, i, (long long)t.shape[i]);
+      if (t.strides[i] < 0)
+        error("argument '%s': negative stride %lld in dimension %d is not supported", name, (long long)t.strides[i], i);
+      elements *= t.shape[i];
+      if (t.shape[i] > 0) last_offset += static_cast<__int128>(t.strides[i]) * (t.shape[i] - 1);
+      if (elements > INT64_MAX || last_offset > INT64_MAX / 8)
+        error("argument '%s': size of shape %s overflows", name, shape_text(t).c_str());
+    }
+    if (elements == 0 || !device_) return;
+    if (!t.data) error("argument '%s' has %lld elements but its data pointer is NULL", name, (long long)elements);
+    if (t.device_type != device_->device_type)
+      error("argument '%s' is on device type %d, but the context's backend works on device type %d (%s)", name,
+            t.device_type, device_->device_type, device_->device_type == EXPANSE_DEVICE_CPU ? "CPU" : "GPU");
+    if (device_->device_type != EXPANSE_DEVICE_CPU && t.device_id != device_->device_id)
+      error("argument '%s' is on device %d, but the context uses device %d", name, t.device_id, device_->device_id);
+    const uintptr_t align = dtype_size_of(t.dtype);
+    if (reinterpret_cast<uintptr_t>(t.data) % align != 0)
+      error("argument '%s': data pointer is not aligned to its element size (%u bytes)", name, unsigned(align));
+    if (output) no_self_overlap(name, t);
+  }
+
+  void no_self_overlap(const char* name, const expanse_tensor& t) const {
     std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, extent) of dims with extent > 1
     for (int i = 0; i < t.ndim; ++i)
       if (t.shape[i] > 1) dims.emplace_back(t.strides[i], t.shape[i]);
@@ -157,331 +315,217 @@ class checker {
     int64_t span = 1;  // elements covered by the faster dims
     for (auto [stride, extent] : dims) {
       if (stride < span)
-        error("output argument '%s' overlaps itself (strides of shape %s alias elements)", name,
-              shape_text(t).c_str());
+        error("output argument '%s' overlaps itself (strides of shape %s alias elements)", name, shape_text(t).c_str());
       span = stride * extent;
     }
   }
 
-  const char* op_;
-  device_requirement device_;
-};
-
-// The chunk size a problem runs with: `requested`, but a chunk longer than the sequence is one
-// chunk of t tokens (so no size below grows with the request: c may be anything up to INT64_MAX).
-int64_t chunk_within(int64_t t, int64_t requested) { return std::min(requested, std::max<int64_t>(t, 1)); }
-
-// ceil(t / c) without the overflow of (t + c - 1) / c.
-int64_t chunks(int64_t t, int64_t c) { return c > 0 ? t / c + (t % c != 0) : 0; }
-
-// q [b,t,hq,d], k [b,t,h,d], v [b,t,h,e], log_g [b,t,h]: fills b,t,hq,h,d,e and gating.
-void token_tensors(const checker& ck, const expanse_tensor* qp, const expanse_tensor* kp,
-                   const expanse_tensor* vp, const expanse_tensor* gp, expanse_problem& pr) {
-  const expanse_tensor* first = qp ? qp : kp;
-  const char* first_name = qp ? "q" : "k";
-  const expanse_tensor& f = ck.tensor(first_name, first, false);
-  ck.rank(first_name, f, 4, qp ? "[b,t,hq,d]" : "[b,t,h,d]");
-  ck.dtype(first_name, f, kAnyFloat);
-  pr.b = f.shape[0];
-  pr.t = f.shape[1];
-  pr.d = f.shape[3];
-  pr.input_dtype = f.dtype;
-  ck.positive("head dimension d", pr.d);
-  if (kp) {
-    const expanse_tensor& k = ck.tensor("k", kp, false);
-    ck.rank("k", k, 4, "[b,t,h,d]");
-    if (qp) {
-      ck.same_dtype("k", k, "q", f);
-      ck.dim("k", k, 0, pr.b, "b", "to match 'q'");
-      ck.dim("k", k, 1, pr.t, "t", "to match 'q'");
-      ck.dim("k", k, 3, pr.d, "d", "to match 'q'");
+  // A tensor whose rule has an axis "1" may omit it: the view with the axis put back (stride 0).
+  const expanse_tensor& with_full_rank(const char* name, const expanse_tensor& t, const rule& r, int i,
+                                       validated_op* out) {
+    if (r.one_at < 0) return t;
+    rule_has_one_ = true;
+    const bool omitted = t.ndim == r.count - 1;
+    if (first_ == nullptr) first_omitted_axis_ = omitted;
+    if (!omitted) {
+      if (t.ndim != r.count)
+        error("argument '%s' of a decoding step must have rank %d or %d (with t=1), got rank %d", name, r.count - 1,
+              r.count, t.ndim);
+      return t;
     }
-    pr.h = k.shape[2];
+    expanse_tensor& full = out ? out->canonical_tensors[i] : scratch_[i];
+    full = t;
+    full.ndim = t.ndim + 1;
+    for (int k = t.ndim - 1; k >= r.one_at; --k) {
+      full.shape[k + 1] = t.shape[k];
+      full.strides[k + 1] = t.strides[k];
+    }
+    full.shape[r.one_at] = 1;
+    full.strides[r.one_at] = 0;
+    canonical_[i] = omitted_axis_ = true;
+    return full;
   }
-  if (qp) {
-    pr.hq = f.shape[2];
-    ck.positive("number of query heads hq (q's dimension 2)", pr.hq);
-  }
-  if (vp) {
-    const expanse_tensor& v = ck.tensor("v", vp, false);
-    ck.rank("v", v, 4, "[b,t,h,e]");
-    ck.same_dtype("v", v, first_name, f);
-    ck.dim("v", v, 0, pr.b, "b", "to match 'k'");
-    ck.dim("v", v, 1, pr.t, "t", "to match 'k'");
-    if (kp) ck.dim("v", v, 2, pr.h, "h", "to match 'k'");
-    pr.e = v.shape[3];
-    ck.positive("value dimension e", pr.e);
-  }
-  if (kp) {
-    ck.positive("number of key/value heads h (k's dimension 2)", pr.h);
-    if (!qp) pr.hq = pr.h;
-    if (pr.hq % pr.h != 0)
-      ck.error("grouped-query attention needs hq %% h == 0: q has hq=%lld heads, k has h=%lld", (long long)pr.hq,
-               (long long)pr.h);
-  }
-  if (gp) {
-    const expanse_tensor& g = ck.tensor("log_g", gp, false);
-    ck.rank("log_g", g, 3, "[b,t,h]");
-    ck.dtype("log_g", g, kStateFloat);
-    ck.dim("log_g", g, 0, pr.b, "b", "to match the token tensors");
-    ck.dim("log_g", g, 1, pr.t, "t", "to match the token tensors");
-    if (pr.h) ck.dim("log_g", g, 2, pr.h, "h", "to match 'k'");
-    pr.gated = 1;
-  }
-}
 
-// A state S [b,(n,)h,D,e] and z [b,(n,)h,D]: `lead` holds the leading dims before h.
-void state_tensors(const checker& ck, const char* sname, const expanse_tensor* sp, const char* zname,
-                   const expanse_tensor* zp, bool output, std::vector<int64_t> lead, const char* sdims,
-                   const char* zdims, expanse_problem& pr) {
-  const int r = static_cast<int>(lead.size());
-  std::vector<int64_t> s_shape = lead;
-  s_shape.insert(s_shape.end(), {pr.h, pr.D, pr.e});
-  const char* names[] = {"b", "n", "h", "D", "e"};
-  auto dim_name = [&](int axis) {  // lead is [b] or [b,n]; then h, D, (e)
-    return axis < r ? names[axis] : names[2 + (axis - r)];
-  };
-  if (sp) {
-    const expanse_tensor& S = ck.tensor(sname, sp, output);
-    ck.rank(sname, S, r + 3, sdims);
-    ck.dtype(sname, S, kStateFloat);
-    for (int i = 0; i < r + 3; ++i) ck.dim(sname, S, i, s_shape[i], dim_name(i), "(state shape)");
-    pr.state_dtype = S.dtype;
+  void rank(const char* name, const expanse_tensor& t, const rule& r) const {
+    if (r.rest_at >= 0) {
+      if (t.ndim < r.count - 1)
+        error("argument '%s' must have rank >= %d %s, got rank %d", name, r.count - 1, r.text().c_str(), t.ndim);
+    } else if (t.ndim != r.count) {
+      error("argument '%s' must have rank %d %s, got rank %d with shape %s", name, r.count, r.text().c_str(), t.ndim,
+            shape_text(t).c_str());
+    }
   }
-  if (zp) {
-    const expanse_tensor& z = ck.tensor(zname, zp, output);
-    ck.rank(zname, z, r + 2, zdims);
-    ck.dtype(zname, z, kStateFloat);
-    for (int i = 0; i < r + 2; ++i) ck.dim(zname, z, i, s_shape[i], dim_name(i), "(state shape)");
-    if (sp && z.dtype != sp->dtype)
-      ck.error("argument '%s' has dtype %s, expected %s to match '%s'", zname, dtype_name_of(z.dtype),
-               dtype_name_of(sp->dtype), sname);
-    if (!sp) pr.state_dtype = z.dtype;
+
+  void dtype(const tensor_decl& decl, const expanse_tensor& t) const {
+    const char* name = decl.info.name;
+    const unsigned mask = decl.dtype == dtype_rule::any_float ? kAnyFloat : kStateFloat;
+    if (decl.dtype == dtype_rule::any_float || decl.dtype == dtype_rule::state_float) {
+      if (!(mask & bit(t.dtype)))
+        error("argument '%s' has dtype %s, expected %s", name, dtype_name_of(t.dtype), dtype_list(mask).c_str());
+      return;
+    }
+    const expanse_tensor* other = tensor(index_of(decl.other));
+    if (!other) return;  // checked when the other one is given
+    if (decl.dtype == dtype_rule::same_as && t.dtype != other->dtype)
+      error("argument '%s' has dtype %s, expected %s to match '%s'", name, dtype_name_of(t.dtype),
+            dtype_name_of(other->dtype), decl.other);
+    if (decl.dtype == dtype_rule::output_of && t.dtype != other->dtype && t.dtype != EXPANSE_F64)
+      error("argument '%s' has dtype %s, expected %s (the dtype of '%s') or f64", name, dtype_name_of(t.dtype),
+            dtype_name_of(other->dtype), decl.other);
   }
-}
 
-// A tensor shaped like the token outputs, [b,t,hq,e] or the per-row [b,t,hq].
-void token_shaped(const checker& ck, const char* name, const expanse_tensor* tp, std::vector<int64_t> shape,
-                  const char* dims, bool output = true) {
-  const expanse_tensor& t = ck.tensor(name, tp, output);
-  ck.rank(name, t, static_cast<int>(shape.size()), dims);
-  const char* names[] = {"b", "t", "hq", "e"};
-  for (size_t i = 0; i < shape.size(); ++i) ck.dim(name, t, int(i), shape[i], names[i], dims);
-}
-
-void validate_sympow_expand(const expanse_sympow_expand_args& a, checker& ck, validated_op& out) {
-  expanse_problem& pr = out.problem;
-  const expanse_tensor& x = ck.tensor("x", a.x, false);
-  if (x.ndim < 1) ck.error("argument 'x' must have rank >= 1 [..., d], got rank 0");
-  ck.dtype("x", x, kAnyFloat);
-  pr.p = ck.degree(a.p, 6);
-  pr.d = x.shape[x.ndim - 1];
-  ck.positive("head dimension d (x's last dimension)", pr.d);
-  pr.layout = a.layout;
-  pr.D = ck.expanded(pr.p, pr.d, a.layout);
-  pr.input_dtype = x.dtype;
-  pr.rows = 1;
-  for (int i = 0; i + 1 < x.ndim; ++i) pr.rows *= x.shape[i];
-  const expanse_tensor& o = ck.tensor("out", a.out, true);
-  ck.rank("out", o, x.ndim, "[..., D] (x's rank)");
-  for (int i = 0; i + 1 < x.ndim; ++i) ck.dim("out", o, i, x.shape[i], "leading", "to match 'x'");
-  ck.dim("out", o, x.ndim - 1, pr.D, "D", "(the expanded dimension for p, d and layout)");
-  ck.output_dtype("out", o, x.dtype, "x");
-  pr.output_dtype = o.dtype;
-}
-
-void validate_update_state(const expanse_update_state_args& a, checker& ck, validated_op& out) {
-  expanse_problem& pr = out.problem;
-  token_tensors(ck, nullptr, a.k, a.v, a.log_g, pr);
-  pr.p = ck.degree(a.p, 4);
-  ck.positive("chunk_size", a.chunk_size);
-  pr.c = chunk_within(pr.t, a.chunk_size);
-  pr.n = chunks(pr.t, pr.c);
-  pr.layout = a.layout;
-  pr.D = ck.expanded(pr.p, pr.d, a.layout);
-  state_tensors(ck, "S", a.S, "z", a.z, true, {pr.b, pr.n}, "[b,n,h,D,e]", "[b,n,h,D]", pr);
-  pr.output_dtype = pr.state_dtype;
-}
-
-void validate_discumsum(const expanse_discumsum_args& a, checker& ck, validated_op& out) {
-  expanse_problem& pr = out.problem;
-  const expanse_tensor& X = ck.tensor("X", a.X, false);
-  if (X.ndim < 3) ck.error("argument 'X' must have rank >= 3 [b,n,h,...], got rank %d", X.ndim);
-  ck.dtype("X", X, kAnyFloat);
-  pr.b = X.shape[0];
-  pr.n = X.shape[1];
-  pr.h = X.shape[2];
-  pr.input_dtype = X.dtype;
-  pr.rows = 1;
-  for (int i = 3; i < X.ndim; ++i) pr.rows *= X.shape[i];
-  const expanse_tensor& A = ck.tensor("A", a.A, false);
-  ck.rank("A", A, 3, "[b,n,h]");
-  ck.dtype("A", A, kStateFloat);
-  const char* lead[] = {"b", "n", "h"};
-  for (int i = 0; i < 3; ++i) ck.dim("A", A, i, X.shape[i], lead[i], "to match 'X' [b,n,h,...]");
-  if (const expanse_tensor* Y0 = ck.optional("Y_init", a.Y_init, false)) {
-    ck.rank("Y_init", *Y0, X.ndim - 1, "[b,h,...] (X's rank - 1)");
-    ck.dtype("Y_init", *Y0, kAnyFloat);
-    ck.dim("Y_init", *Y0, 0, pr.b, "b", "to match 'X'");
-    for (int i = 2; i < X.ndim; ++i)
-      ck.dim("Y_init", *Y0, i - 1, X.shape[i], i == 2 ? "h" : "trailing", "to match 'X' [b,n,h,...]");
-    pr.has_initial_state = 1;
+  // Binds each symbol of the rule the first time a tensor shows it; holds the tensor to it after.
+  void dims(const char* name, const expanse_tensor& t, const rule& r) {
+    const int rest_len = t.ndim - (r.count - 1);
+    int axis = 0;
+    for (int k = 0; k < r.count; ++k) {
+      const int s = r.symbols[k];
+      if (s == kRest) {
+        if (!rest_bound_) {
+          rest_.assign(t.shape + axis, t.shape + axis + rest_len);
+          rest_from_ = name, rest_bound_ = true;
+        } else if (int(rest_.size()) != rest_len) {
+          error("argument '%s' must have rank %d %s (the rank of '%s' less its named dimensions is %zu), got rank %d",
+                name, int(rest_.size()) + r.count - 1, r.text().c_str(), rest_from_, rest_.size(), t.ndim);
+        } else {
+          for (int j = 0; j < rest_len; ++j)
+            if (t.shape[axis + j] != rest_[j])
+              error("argument '%s': dimension %d (...) must be %lld to match '%s', got %lld (shape %s)", name, axis + j,
+                    (long long)rest_[j], rest_from_, (long long)t.shape[axis + j], shape_text(t).c_str());
+        }
+        axis += rest_len;
+        continue;
+      }
+      const int64_t extent = t.shape[axis];
+      if (s == kOne) {
+        if (extent != 1)
+          error("argument '%s' of a decoding step must have t=1 in dimension %d, got %lld", name, axis, (long long)extent);
+      } else if (s == kNPlus1) {
+        const int64_t n = derived(kN);
+        if (extent != n + 1)
+          error("argument '%s': dimension %d (n+1) must be %lld (one more than %s), got %lld (shape %s)", name, axis,
+                (long long)(n + 1), origin(kN).c_str(), (long long)extent, shape_text(t).c_str());
+      } else if (!bound_[s] && !is_derived(s)) {
+        bind(s, extent, name, axis);
+      } else {
+        const int64_t expected = derived(s);
+        if (extent != expected)
+          error("argument '%s': dimension %d (%s) must be %lld %s, got %lld (shape %s)", name, axis, kSymbolNames[s],
+                (long long)expected, origin(s).c_str(), (long long)extent, shape_text(t).c_str());
+      }
+      ++axis;
+    }
   }
-  const expanse_tensor& Y = ck.tensor("Y", a.Y, true);
-  ck.rank("Y", Y, X.ndim, "[b,n+1,h,...] (X's rank)");
-  ck.dtype("Y", Y, kStateFloat);
-  for (int i = 0; i < X.ndim; ++i)
-    ck.dim("Y", Y, i, i == 1 ? pr.n + 1 : X.shape[i], i < 3 ? (i == 1 ? "n+1" : lead[i]) : "trailing",
-           "to match 'X' [b,n,h,...]");
-  pr.output_dtype = pr.state_dtype = Y.dtype;
-}
 
-// The intra-chunk result (y [b,t,hq,e], l and rowmax [b,t,hq]) as outputs or as inputs.
-void validate_intra_outputs(const checker& ck, const expanse_tensor* y, const expanse_tensor* l,
-                            const expanse_tensor* m, bool output, const expanse_problem& pr) {
-  token_shaped(ck, "y", y, {pr.b, pr.t, pr.hq, pr.e}, "[b,t,hq,e]", output);
-  token_shaped(ck, "l", l, {pr.b, pr.t, pr.hq}, "[b,t,hq]", output);
-  token_shaped(ck, "rowmax", m, {pr.b, pr.t, pr.hq}, "[b,t,hq]", output);
-  for (auto [name, t] : {std::pair{"y", y}, std::pair{"l", l}, std::pair{"rowmax", m}}) ck.dtype(name, *t, kStateFloat);
-}
+  void bind(int s, int64_t extent, const char* name, int axis) {
+    if (std::strstr(positive_list().c_str(), (" " + std::string(kSymbolNames[s]) + " ").c_str()) && extent < 1)
+      error("%s ('%s' dimension %d) must be >= 1, got %lld", kSymbolMeaning[s], name, axis, (long long)extent);
+    bind_value(s, extent, name);
+  }
+  void bind_value(int s, int64_t extent, const char* name) {
+    values_[s] = extent;
+    bound_[s] = true;
+    from_[s] = name;
+  }
+  int64_t value(int s) const { return values_[s]; }
+  std::string positive_list() const { return " " + std::string(op_.positive) + " "; }
 
-void validate_query_state(const expanse_query_state_args& a, checker& ck, validated_op& out) {
-  expanse_problem& pr = out.problem;
-  token_tensors(ck, a.q, nullptr, nullptr, nullptr, pr);
-  pr.p = ck.degree(a.p, 4);
-  ck.normalization(a.normalize, pr.p);
-  pr.normalize = a.normalize;
-  pr.scale = ck.scale(a.scale, pr.d);
-  ck.positive("chunk_size", a.chunk_size);
-  pr.c = chunk_within(pr.t, a.chunk_size);
-  pr.n = chunks(pr.t, pr.c);
-  pr.layout = a.layout;
-  pr.D = ck.expanded(pr.p, pr.d, a.layout);
-  const expanse_tensor& S = ck.tensor("S", a.S, false);
-  ck.rank("S", S, 5, "[b,n,h,D,e]");
-  pr.h = S.shape[2];
-  pr.e = S.shape[4];
-  ck.positive("number of key/value heads h (S's dimension 2)", pr.h);
-  ck.positive("value dimension e (S's dimension 4)", pr.e);
-  if (pr.hq % pr.h != 0)
-    ck.error("grouped-query attention needs hq %% h == 0: q has hq=%lld heads, S has h=%lld", (long long)pr.hq,
-             (long long)pr.h);
-  if (a.normalize && !a.z) ck.error("argument 'z' is required when normalize=1");
-  state_tensors(ck, "S", a.S, "z", a.z, false, {pr.b, pr.n}, "[b,n,h,D,e]", "[b,n,h,D]", pr);
-  if (a.log_g) {
-    expanse_problem tmp = pr;  // reuse the token checks for log_g against q's b, t and S's h
-    token_tensors(ck, a.q, nullptr, nullptr, a.log_g, tmp);
-    pr.gated = 1;
-  }
-  if (a.y || a.l || a.rowmax) {
-    if (!a.y || !a.l || !a.rowmax) ck.error("arguments 'y', 'l' and 'rowmax' (the intra-chunk result) go together");
-    validate_intra_outputs(ck, a.y, a.l, a.rowmax, false, pr);
-    pr.has_intra = 1;
-  }
-  token_shaped(ck, "o", a.o, {pr.b, pr.t, pr.hq, pr.e}, "[b,t,hq,e]");
-  ck.output_dtype("o", *a.o, pr.input_dtype, "q");
-  pr.output_dtype = a.o->dtype;
-}
+  // D always derives from p, d and the layout; n from t and the chunk size where the op has one.
+  bool is_derived(int s) const { return s == kDphi || (s == kN && has_chunk()); }
 
-void validate_chunk_attention(const expanse_chunk_attention_args& a, checker& ck, validated_op& out) {
-  expanse_problem& pr = out.problem;
-  token_tensors(ck, a.q, a.k, a.v, a.log_g, pr);
-  pr.p = ck.degree(a.p, 4);
-  pr.scale = ck.scale(a.scale, pr.d);
-  if (a.chunk_size < 0) ck.error("chunk_size must be >= 0 (0: one chunk over the whole sequence), got %lld",
-                                 (long long)a.chunk_size);
-  pr.c = chunk_within(pr.t, a.chunk_size > 0 ? a.chunk_size : pr.t);
-  pr.n = chunks(pr.t, pr.c);
-  validate_intra_outputs(ck, a.y, a.l, a.rowmax, true, pr);
-  pr.output_dtype = pr.state_dtype = a.y->dtype;
-}
+  int64_t derived(int s) {
+    if (bound_[s]) return values_[s];
+    if (s == kDphi) {
+      if (!bound_[kDh]) fail(EXPANSE_ERROR_INTERNAL, "%s: D is needed before d is known", op_.name);
+      const expanse_layout l = layout();
+      if (l.kind == EXPANSE_LAYOUT_TILED && value(kDh) % l.d_tile != 0)
+        error("argument 'layout': tiled layout needs d %% d_tile == 0, got d=%lld, d_tile=%d", (long long)value(kDh),
+              l.d_tile);
+      const int64_t D = expanded_dim_checked(param_int32(param_check::degree), value(kDh), l);
+      if (D < 0)
+        error("expanded dimension D overflows int64 for p=%d, d=%lld", param_int32(param_check::degree),
+              (long long)value(kDh));
+      bind_value(kDphi, D, nullptr);
+    } else if (s == kN && has_chunk()) {
+      if (!bound_[kT]) fail(EXPANSE_ERROR_INTERNAL, "%s: n is needed before t is known", op_.name);
+      bind_value(kN, chunks(value(kT), chunk_length()), nullptr);
+    } else {
+      fail(EXPANSE_ERROR_INTERNAL, "%s: size %s is not bound by any input", op_.name, kSymbolNames[s]);
+    }
+    return values_[s];
+  }
 
-void validate_power_attention(const expanse_power_attention_args& a, checker& ck, const device_requirement& device,
-                              validated_op& out) {
-  expanse_problem& pr = out.problem;
-  token_tensors(ck, a.q, a.k, a.v, a.log_g, pr);
-  pr.p = ck.degree(a.p, 4);
-  ck.normalization(a.normalize, pr.p);
-  pr.normalize = a.normalize;
-  pr.scale = ck.scale(a.scale, pr.d);
-  if (a.chunk_size < 0 && a.chunk_size != EXPANSE_CHUNK_AUTO)
-    ck.error("chunk_size must be >= 0 (0: the quadratic form) or EXPANSE_CHUNK_AUTO (-1), got %lld",
-             (long long)a.chunk_size);
-  pr.layout = a.layout;
-  pr.D = ck.expanded(pr.p, pr.d, a.layout);
-  if (a.initial_z && !a.initial_S) ck.error("argument 'initial_z' needs 'initial_S'");
-  if (a.initial_S) {
-    if (a.normalize && !a.initial_z) ck.error("argument 'initial_z' is required with 'initial_S' when normalize=1");
-    state_tensors(ck, "initial_S", a.initial_S, "initial_z", a.initial_z, false, {pr.b}, "[b,h,D,e]", "[b,h,D]", pr);
-    pr.has_initial_state = 1;
+  // Where an expected size comes from, for messages.
+  std::string origin(int s) const {
+    if (s == kDphi) return "(the expanded dimension for p, d and layout)";
+    if (s == kN && has_chunk()) return "(the number of chunks of chunk_size tokens in t)";
+    return "to match '" + std::string(from_[s]) + "'";
   }
-  if (a.final_z && !a.final_S) ck.error("argument 'final_z' needs 'final_S'");
-  if (a.final_S) {
-    state_tensors(ck, "final_S", a.final_S, "final_z", a.final_z, true, {pr.b}, "[b,h,D,e]", "[b,h,D]", pr);
-    pr.want_final_state = 1;
-  }
-  token_shaped(ck, "o", a.o, {pr.b, pr.t, pr.hq, pr.e}, "[b,t,hq,e]");
-  ck.output_dtype("o", *a.o, pr.input_dtype, "v");
-  pr.output_dtype = a.o->dtype;
-  // The form and chunk size last: a backend's choice may look at every other field.
-  out.chunk_size = a.chunk_size == EXPANSE_CHUNK_AUTO ? device.choose_chunk_size(&pr) : a.chunk_size;
-  if (out.chunk_size < 0)
-    fail(EXPANSE_ERROR_INTERNAL, "power_attention: the backend chose chunk size %lld for EXPANSE_CHUNK_AUTO",
-         (long long)out.chunk_size);
-  pr.c = chunk_within(pr.t, out.chunk_size > 0 ? out.chunk_size : pr.t);
-  pr.n = chunks(pr.t, pr.c);
-}
 
-// Adds the token axis to a [b,heads,dim] (or [b,heads]) tensor of a decoding step.
-const expanse_tensor* with_token_axis(const checker& ck, const char* name, const expanse_tensor* t, int rank,
-                                      expanse_tensor& storage) {
-  if (!t) return nullptr;
-  const expanse_tensor& x = ck.tensor(name, t, false);
-  if (x.ndim == rank + 1) {
-    if (x.shape[1] != 1) ck.error("argument '%s' of a decoding step must have t=1 in dimension 1, got %lld", name,
-                                  (long long)x.shape[1]);
-    return t;
+  expanse_layout layout() const {
+    for (int i = 0; i < op_.param_count; ++i)
+      if (op_.params[i].check == param_check::layout) {
+        expanse_layout l;
+        std::memcpy(&l, args_ + op_.params[i].info.offset, sizeof(l));
+        if (l.kind < EXPANSE_LAYOUT_SYMPOW || l.kind > EXPANSE_LAYOUT_TENSOR)
+          error("argument 'layout': unknown layout kind %d (expected sympow, tiled or tensor)", l.kind);
+        if (l.kind == EXPANSE_LAYOUT_TILED && l.d_tile < 1)
+          error("argument 'layout': tiled layout needs d_tile >= 1, got %d", l.d_tile);
+        return l;
+      }
+    return expanse_layout{EXPANSE_LAYOUT_SYMPOW, 0};
   }
-  if (x.ndim != rank)
-    ck.error("argument '%s' of a decoding step must have rank %d or %d (with t=1), got rank %d", name, rank,
-             rank + 1, x.ndim);
-  storage = x;
-  storage.ndim = rank + 1;
-  for (int i = rank - 1; i >= 1; --i) {
-    storage.shape[i + 1] = x.shape[i];
-    storage.strides[i + 1] = x.strides[i];
-  }
-  storage.shape[1] = 1;
-  storage.strides[1] = 0;
-  return &storage;
-}
 
-void validate_power_attention_step(const expanse_power_attention_step_args& a, checker& ck, validated_op& out) {
-  expanse_problem& pr = out.problem;
-  expanse_power_attention_step_args& s = out.step_args;
-  s = a;
-  s.q = with_token_axis(ck, "q", a.q, 3, out.step_tensors[0]);
-  s.k = with_token_axis(ck, "k", a.k, 3, out.step_tensors[1]);
-  s.v = with_token_axis(ck, "v", a.v, 3, out.step_tensors[2]);
-  s.log_g = with_token_axis(ck, "log_g", a.log_g, 2, out.step_tensors[3]);
-  s.o = const_cast<expanse_tensor*>(with_token_axis(ck, "o", a.o, 3, out.step_tensors[4]));
-  token_tensors(ck, s.q, s.k, s.v, s.log_g, pr);
-  pr.p = ck.degree(a.p, 4);
-  ck.normalization(a.normalize, pr.p);
-  pr.normalize = a.normalize;
-  pr.scale = ck.scale(a.scale, pr.d);
-  pr.layout = a.layout;
-  pr.D = ck.expanded(pr.p, pr.d, a.layout);
-  pr.c = 1;
-  pr.n = 1;
-  if (a.normalize && !a.z) ck.error("argument 'z' is required when normalize=1");
-  state_tensors(ck, "S", a.S, "z", a.z, true, {pr.b}, "[b,h,D,e]", "[b,h,D]", pr);
-  pr.has_initial_state = pr.want_final_state = 1;
-  token_shaped(ck, "o", s.o, {pr.b, 1, pr.hq, pr.e}, "[b,1,hq,e]");
-  ck.output_dtype("o", *s.o, pr.input_dtype, "v");
-  pr.output_dtype = s.o->dtype;
-  out.args = &out.step_args;
-}
+  int32_t param_int32(param_check check) const {
+    for (int i = 0; i < op_.param_count; ++i)
+      if (op_.params[i].check == check) {
+        int32_t v;
+        std::memcpy(&v, args_ + op_.params[i].info.offset, sizeof(v));
+        return v;
+      }
+    return 0;
+  }
+
+  const param_decl* chunk_decl() const {
+    for (int i = 0; i < op_.param_count; ++i) {
+      const param_check c = op_.params[i].check;
+      if (c == param_check::chunk || c == param_check::chunk_or_all || c == param_check::chunk_or_auto)
+        return &op_.params[i];
+    }
+    return nullptr;
+  }
+  bool has_chunk() const { return chunk_decl() != nullptr; }
+  param_check chunk_check() const { return chunk_decl()->check; }
+  int64_t chunk_param() const {
+    int64_t c;
+    std::memcpy(&c, args_ + chunk_decl()->info.offset, sizeof(c));
+    return c;
+  }
+  // The chunk length a problem runs with: a chunk longer than the sequence is one chunk of t tokens
+  // (so no size grows with the request: c may be anything up to INT64_MAX); 0 (where allowed) is
+  // one chunk too. power_attention's own choice comes later (choose_chunk).
+  int64_t chunk_length() const {
+    const int64_t t = bound_[kT] ? values_[kT] : 0, c = chunk_param();
+    return std::min(c > 0 ? c : t, std::max<int64_t>(t, 1));
+  }
+  // ceil(t / c) without the overflow of (t + c - 1) / c.
+  static int64_t chunks(int64_t t, int64_t c) { return c > 0 ? t / c + (t % c != 0) : 0; }
+
+  const op_decl& op_;
+  const char* args_;
+  const device_requirement* device_;
+  int64_t values_[kSymbolCount]{};
+  bool bound_[kSymbolCount]{};
+  const char* from_[kSymbolCount]{};
+  std::vector<int64_t> rest_;
+  const char* rest_from_ = nullptr;
+  bool rest_bound_ = false;
+  const expanse_tensor* first_ = nullptr;
+  bool state_seen_ = false;
+  bool rule_has_one_ = false, first_omitted_axis_ = false, omitted_axis_ = false;
+  bool canonical_[kMaxTensorArgs]{};
+  expanse_tensor scratch_[kMaxTensorArgs]{};  // full views when there is no validated_op to keep them
+};
 
 // Byte range [first, last) of a tensor's elements; empty for a tensor without elements.
 struct byte_range {
@@ -492,7 +536,7 @@ byte_range bytes_of(const expanse_tensor& t) {
   int64_t last_offset = 0;
   for (int i = 0; i < t.ndim; ++i) {
     if (t.shape[i] == 0) return {};
-    last_offset += t.strides[i] * (t.shape[i] - 1);  // bounded by validation (tensor())
+    last_offset += t.strides[i] * (t.shape[i] - 1);  // bounded by validation (structure())
   }
   const uintptr_t first = reinterpret_cast<uintptr_t>(t.data);
   return {first, first + static_cast<uintptr_t>(last_offset + 1) * dtype_size_of(t.dtype)};
@@ -502,15 +546,15 @@ byte_range bytes_of(const expanse_tensor& t) {
 // outputs while it still reads the inputs, and one output's writes would corrupt another's. The
 // check is on byte ranges (first to last element), so interleaved views of one buffer are refused
 // too, as "may overlap".
-void check_no_overlap(const checker& ck, const op_tensor_table& table, const void* args) {
-  for (int32_t i = 0; i < table.count; ++i) {
-    const expanse_tensor_arg_info& out = table.args[i];
+void check_no_overlap(const checker& ck, const op_decl& op, const void* args) {
+  for (int32_t i = 0; i < op.tensor_count; ++i) {
+    const expanse_tensor_arg_info& out = op.tensors[i].info;
     const expanse_tensor* o = tensor_at(args, out);
     if (out.role == EXPANSE_ARG_INPUT || !o) continue;
     const byte_range ro = bytes_of(*o);
     if (ro.first == ro.last) continue;
-    for (int32_t j = 0; j < table.count; ++j) {
-      const expanse_tensor_arg_info& other = table.args[j];
+    for (int32_t j = 0; j < op.tensor_count; ++j) {
+      const expanse_tensor_arg_info& other = op.tensors[j].info;
       const expanse_tensor* t = tensor_at(args, other);
       if (j == i || !t || (other.role != EXPANSE_ARG_INPUT && j < i)) continue;  // each pair of outputs once
       const byte_range rt = bytes_of(*t);
@@ -521,35 +565,51 @@ void check_no_overlap(const checker& ck, const op_tensor_table& table, const voi
   }
 }
 
+const op_decl& declaration(int32_t kind, const void* args) {
+  const op_decl* op = op_declaration(kind);
+  if (!op) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "unknown operation kind %d", kind);
+  if (!args) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument 'args' is NULL", op->name);
+  static_assert(kMaxArgsSize >= sizeof(expanse_power_attention_args), "room for the largest args struct");
+  if (op->args_size > kMaxArgsSize || op->tensor_count > kMaxTensorArgs)
+    fail(EXPANSE_ERROR_INTERNAL, "%s: its arguments outgrow validated_op", op->name);
+  return *op;
+}
+
 }  // namespace
 
 void validate_op(int32_t kind, const void* args, const device_requirement& device, validated_op& out) {
   out = validated_op{};
   out.args = args;
-  const op_tensor_table* table = op_tensors(kind);
-  if (!table) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "unknown operation kind %d", kind);
-  checker ck(expanse_op_name(static_cast<expanse_op_kind>(kind)), device);
-  if (!args) ck.error("argument 'args' is NULL");
-  for (int32_t i = 0; i < table->count; ++i)
-    if (table->args[i].required && !tensor_at(args, table->args[i]))
-      ck.error("argument '%s' is required but NULL", table->args[i].name);
-  switch (kind) {
-    case EXPANSE_OP_SYMPOW_EXPAND:
-      validate_sympow_expand(*static_cast<const expanse_sympow_expand_args*>(args), ck, out); break;
-    case EXPANSE_OP_UPDATE_STATE:
-      validate_update_state(*static_cast<const expanse_update_state_args*>(args), ck, out); break;
-    case EXPANSE_OP_DISCUMSUM:
-      validate_discumsum(*static_cast<const expanse_discumsum_args*>(args), ck, out); break;
-    case EXPANSE_OP_QUERY_STATE:
-      validate_query_state(*static_cast<const expanse_query_state_args*>(args), ck, out); break;
-    case EXPANSE_OP_CHUNK_ATTENTION:
-      validate_chunk_attention(*static_cast<const expanse_chunk_attention_args*>(args), ck, out); break;
-    case EXPANSE_OP_POWER_ATTENTION:
-      validate_power_attention(*static_cast<const expanse_power_attention_args*>(args), ck, device, out); break;
-    case EXPANSE_OP_POWER_ATTENTION_STEP:
-      validate_power_attention_step(*static_cast<const expanse_power_attention_step_args*>(args), ck, out); break;
-  }
-  check_no_overlap(ck, *table, args);
+  const op_decl& op = declaration(kind, args);
+  checker ck(op, args, &device);
+  ck.presence(true);
+  expanse_problem& pr = out.problem;
+  ck.early_params(pr);
+  ck.tensors(true, pr, &out);
+  ck.finish(pr);
+  ck.choose_chunk(pr, out);
+  check_no_overlap(ck, op, args);
+}
+
+void output_shape(int32_t kind, const void* args, int32_t arg, int32_t* ndim, int64_t* shape, int32_t* dtype) {
+  const op_decl& op = declaration(kind, args);
+  if (!ndim || !shape) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_output_shape: arguments 'ndim' and 'shape' are required");
+  if (arg < 0 || arg >= op.tensor_count || op.tensors[arg].info.role == EXPANSE_ARG_INPUT)
+    fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_output_shape: argument 'arg' (%d) is no output of %s", arg, op.name);
+  checker ck(op, args, nullptr);
+  ck.presence(false);
+  expanse_problem pr{};
+  ck.early_params(pr);
+  ck.tensors(false, pr, nullptr);
+  ck.finish(pr);
+  *ndim = ck.shape_of(arg, shape);
+  if (dtype) *dtype = ck.default_dtype(arg, pr);
 }
 
 }  // namespace expanse::detail
+
+extern "C" EXPANSE_API expanse_status expanse_output_shape(expanse_op_kind op, const void* args, int32_t arg,
+                                                           int32_t* ndim, int64_t* shape, int32_t* dtype) {
+  using namespace expanse::detail;
+  return guarded([&] { output_shape(enum_code(op), args, arg, ndim, shape, dtype); });
+}

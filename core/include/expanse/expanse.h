@@ -107,11 +107,29 @@ typedef enum expanse_op_kind {
   EXPANSE_OP_COUNT = 7
 } expanse_op_kind;
 
-EXPANSE_API const char* expanse_op_name(expanse_op_kind op);
+/* Every operation once, as X(name, NAME): its kind is EXPANSE_OP_<NAME>, its arguments
+ * expanse_<name>_args (with expanse_<name>_args_init), its function expanse_<name>. Code that does a
+ * thing for each operation expands this list instead of spelling the operations out. */
+#define EXPANSE_OPERATIONS(X)                \
+  X(sympow_expand, SYMPOW_EXPAND)            \
+  X(update_state, UPDATE_STATE)              \
+  X(discumsum, DISCUMSUM)                    \
+  X(query_state, QUERY_STATE)                \
+  X(chunk_attention, CHUNK_ATTENTION)        \
+  X(power_attention, POWER_ATTENTION)        \
+  X(power_attention_step, POWER_ATTENTION_STEP)
 
-/* Each operation's tensor arguments, as a table: the fields of its *_args struct that hold tensors,
- * in declaration order. Error messages name arguments by these names; tools (the CLI, the Python
- * package, the fuzzers, the tests) walk the table instead of spelling out every op. */
+/* "power_attention", ...; "unknown" for a code that is no operation. */
+EXPANSE_API const char* expanse_op_name(expanse_op_kind op);
+/* The operation named `name` (as expanse_op_name spells it); EXPANSE_ERROR_INVALID_ARGUMENT, listing
+ * the names, for any other. */
+EXPANSE_API expanse_status expanse_op_from_name(const char* name, expanse_op_kind* op);
+
+/* Each operation's arguments, as tables (core/src/op_table.cpp declares them, once): the fields of
+ * its *_args struct that hold tensors, and those that hold parameters, in declaration order. Error
+ * messages name arguments by these names; validation, the CLI (its file and option names), the
+ * Python package, the test harness and the fuzzers walk the tables instead of spelling out every
+ * operation. */
 typedef enum expanse_arg_role {
   EXPANSE_ARG_INPUT = 0,  /* read only (const expanse_tensor*) */
   EXPANSE_ARG_OUTPUT = 1, /* written (expanse_tensor*) */
@@ -124,12 +142,45 @@ typedef struct expanse_tensor_arg_info {
   int32_t role;     /* expanse_arg_role */
   int32_t required; /* 1: must not be NULL. 0: optional (some are needed with other arguments, e.g.
                        z with normalize=1; validation says which) */
+  /* The shape rule: one symbol per dimension, separated by spaces. Sizes: b batch, t tokens, hq
+   * query heads, h key/value heads, d key dim, e value dim, D the expanded dim of phi (for p, d and
+   * layout), n chunks (for t and chunk_size), "n+1", "1" (a literal 1; power_attention_step's token
+   * axis, which its tensors may also omit), "..." any number of dimensions (the same wherever it
+   * appears in one op). Every tensor of a call must agree on every symbol. */
+  const char* dims;
 } expanse_tensor_arg_info;
 
 /* Sets *args to op's table and returns its length; -1 (and *args = NULL) for an unknown op. */
 EXPANSE_API int32_t expanse_op_tensor_args(expanse_op_kind op, const expanse_tensor_arg_info** args);
 /* sizeof the op's *_args struct; 0 for an unknown op. */
 EXPANSE_API size_t expanse_op_args_size(expanse_op_kind op);
+
+typedef enum expanse_param_type {
+  EXPANSE_PARAM_INT32 = 0,  /* int32_t: p, normalize (0 or 1) */
+  EXPANSE_PARAM_INT64 = 1,  /* int64_t: chunk_size */
+  EXPANSE_PARAM_DOUBLE = 2, /* double: scale */
+  EXPANSE_PARAM_LAYOUT = 3, /* expanse_layout */
+} expanse_param_type;
+
+typedef struct expanse_param_info {
+  const char* name;     /* the struct field's name */
+  size_t offset;        /* offsetof(the op's *_args struct, that field) */
+  int32_t type;         /* expanse_param_type */
+  double default_value; /* what expanse_<name>_args_init sets (a layout: its kind, d_tile 0) */
+  const char* help;     /* one line: what it means and which values it takes */
+} expanse_param_info;
+
+/* Sets *params to op's parameter table and returns its length; -1 for an unknown op. */
+EXPANSE_API int32_t expanse_op_params(expanse_op_kind op, const expanse_param_info** params);
+
+/* The shape of an output (or in-place) tensor of `op` for the inputs and parameters in args, by the
+ * table's shape rule: `arg` is its index in expanse_op_tensor_args. The inputs are validated as
+ * expanse_run would (except their device and data), outputs may be NULL. Writes its rank to *ndim,
+ * its sizes to shape[0..*ndim) (room for EXPANSE_MAX_DIMS) and, when dtype is not NULL, the dtype
+ * the library writes by default (the input's for token outputs, f32 for states and gates; f64
+ * throughout for f64 inputs). */
+EXPANSE_API expanse_status expanse_output_shape(expanse_op_kind op, const void* args, int32_t arg, int32_t* ndim,
+                                                int64_t* shape, int32_t* dtype);
 
 /* Optional tensors are NULL when absent. Token tensors are [b,t,heads,dim]. Every *_args struct has
  * an _init function that sets the defaults; always call it first. */

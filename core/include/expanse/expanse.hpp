@@ -183,13 +183,11 @@ class context {
     check(expanse_run(ctx_, op, args));
   }
 
-  void sympow_expand(const expanse_sympow_expand_args& a) { run(EXPANSE_OP_SYMPOW_EXPAND, &a); }
-  void update_state(const expanse_update_state_args& a) { run(EXPANSE_OP_UPDATE_STATE, &a); }
-  void discumsum(const expanse_discumsum_args& a) { run(EXPANSE_OP_DISCUMSUM, &a); }
-  void query_state(const expanse_query_state_args& a) { run(EXPANSE_OP_QUERY_STATE, &a); }
-  void chunk_attention(const expanse_chunk_attention_args& a) { run(EXPANSE_OP_CHUNK_ATTENTION, &a); }
-  void power_attention(const expanse_power_attention_args& a) { run(EXPANSE_OP_POWER_ATTENTION, &a); }
-  void power_attention_step(const expanse_power_attention_step_args& a) { run(EXPANSE_OP_POWER_ATTENTION_STEP, &a); }
+  // sympow_expand(args), update_state(args), ...: one method per operation.
+#define EXPANSE_CONTEXT_METHOD(name, NAME) \
+  void name(const expanse_##name##_args& a) { run(EXPANSE_OP_##NAME, &a); }
+  EXPANSE_OPERATIONS(EXPANSE_CONTEXT_METHOD)
+#undef EXPANSE_CONTEXT_METHOD
 
   device_buffer allocate(size_t bytes) { return device_buffer(ctx_, bytes); }
   void copy(void* dst, const void* src, size_t bytes, expanse_copy_kind kind) {
