@@ -61,35 +61,19 @@ expanse_status ref_run(const expanse_op* op, const expanse_exec*, char* err, siz
   }
   const expanse_problem& pb = *op->problem;
   try {
-    switch (op->kind) {
-      case EXPANSE_OP_SYMPOW_EXPAND:
-        expanse_ref::sympow_expand(pb, *static_cast<const expanse_sympow_expand_args*>(op->args));
-        break;
-      case EXPANSE_OP_UPDATE_STATE:
-        expanse_ref::update_state(pb, *static_cast<const expanse_update_state_args*>(op->args));
-        break;
-      case EXPANSE_OP_DISCUMSUM:
-        expanse_ref::discumsum(pb, *static_cast<const expanse_discumsum_args*>(op->args));
-        break;
-      case EXPANSE_OP_QUERY_STATE:
-        expanse_ref::query_state(pb, *static_cast<const expanse_query_state_args*>(op->args));
-        break;
-      case EXPANSE_OP_CHUNK_ATTENTION:
-        expanse_ref::chunk_attention(pb, *static_cast<const expanse_chunk_attention_args*>(op->args));
-        break;
-      case EXPANSE_OP_POWER_ATTENTION:
-        expanse_ref::power_attention(pb, *static_cast<const expanse_power_attention_args*>(op->args));
-        break;
-      case EXPANSE_OP_POWER_ATTENTION_STEP:
-        expanse_ref::power_attention_step(pb, *static_cast<const expanse_power_attention_step_args*>(op->args));
-        break;
-      default: {
-        char message[64];
-        std::snprintf(message, sizeof(message), "reference: unknown op kind %d", static_cast<int>(op->kind));
-        set_error(err, err_len, message);
-        return EXPANSE_ERROR_INTERNAL;
-      }
+    // expanse_ref::<name>(problem, args) by the op's kind: one entry per operation (reference/ops.hpp).
+    using runner = void (*)(const expanse_problem&, const void*);
+#define EXPANSE_REF_ENTRY(name, NAME) \
+  [](const expanse_problem& p, const void* a) { expanse_ref::name(p, *static_cast<const expanse_##name##_args*>(a)); },
+    static const runner runners[EXPANSE_OP_COUNT] = {EXPANSE_OPERATIONS(EXPANSE_REF_ENTRY)};
+#undef EXPANSE_REF_ENTRY
+    if (op->kind < 0 || op->kind >= EXPANSE_OP_COUNT) {
+      char message[64];
+      std::snprintf(message, sizeof(message), "reference: unknown op kind %d", static_cast<int>(op->kind));
+      set_error(err, err_len, message);
+      return EXPANSE_ERROR_INTERNAL;
     }
+    runners[op->kind](pb, op->args);
   } catch (const std::bad_alloc&) {
     set_error(err, err_len, "reference: out of host memory");
     return EXPANSE_ERROR_OUT_OF_MEMORY;

@@ -292,6 +292,15 @@ EXPANSE_API size_t expanse_op_args_size(expanse_op_kind op) {
   return decl ? decl->args_size : 0;
 }
 
+EXPANSE_API expanse_status expanse_op_args_init(expanse_op_kind op, void* args) {
+  return guarded([&] {
+    const op_decl* decl = op_declaration(enum_code(op));
+    if (!decl) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_op_args_init: argument 'op': unknown operation kind %d", enum_code(op));
+    if (!args) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_op_args_init: argument 'args' is NULL");
+    init_args(*decl, args);
+  });
+}
+
 // expanse_<name>_args_init for every operation.
 #define EXPANSE_ARGS_INIT(name, NAME)                                       \
   EXPANSE_API void expanse_##name##_args_init(expanse_##name##_args* a) {   \
@@ -301,3 +310,17 @@ EXPANSE_OPERATIONS(EXPANSE_ARGS_INIT)
 #undef EXPANSE_ARGS_INIT
 
 }  // extern "C"
+
+namespace {
+// EXPANSE_OPERATIONS lists the operations in the order of their kinds, so that arrays built from it
+// are indexed by kind.
+#define EXPANSE_KIND_OF(name, NAME) EXPANSE_OP_##NAME,
+constexpr expanse_op_kind kListed[] = {EXPANSE_OPERATIONS(EXPANSE_KIND_OF)};
+#undef EXPANSE_KIND_OF
+constexpr bool listed_in_kind_order() {
+  for (int i = 0; i < int(sizeof(kListed) / sizeof(kListed[0])); ++i)
+    if (kListed[i] != i) return false;
+  return sizeof(kListed) / sizeof(kListed[0]) == EXPANSE_OP_COUNT;
+}
+static_assert(listed_in_kind_order(), "EXPANSE_OPERATIONS must list every operation in the order of its kind");
+}  // namespace

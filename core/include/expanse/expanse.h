@@ -154,6 +154,8 @@ typedef struct expanse_tensor_arg_info {
 EXPANSE_API int32_t expanse_op_tensor_args(expanse_op_kind op, const expanse_tensor_arg_info** args);
 /* sizeof the op's *_args struct; 0 for an unknown op. */
 EXPANSE_API size_t expanse_op_args_size(expanse_op_kind op);
+/* expanse_<name>_args_init for the op of kind `op`: args points to expanse_op_args_size(op) bytes. */
+EXPANSE_API expanse_status expanse_op_args_init(expanse_op_kind op, void* args);
 
 typedef enum expanse_param_type {
   EXPANSE_PARAM_INT32 = 0,  /* int32_t: p, normalize (0 or 1) */
