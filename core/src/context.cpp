@@ -19,6 +19,8 @@ struct expanse_context {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   bool check_finite = false;
+  expanse_allocate_fn allocate = nullptr;  // workspace for a call when `workspace` is too small
+  void* allocate_user = nullptr;
   expanse_choose_chunk_size_fn choose_chunk_size = nullptr;  // the backend's rule for EXPANSE_CHUNK_AUTO
 };
 
@@ -144,6 +146,14 @@ EXPANSE_API expanse_status expanse_context_set_workspace(expanse_context* ctx, v
   });
 }
 
+EXPANSE_API expanse_status expanse_context_set_allocator(expanse_context* ctx, expanse_allocate_fn allocate, void* user) {
+  return guarded([&] {
+    expanse_context& c = checked(ctx);
+    c.allocate = allocate;
+    c.allocate_user = user;
+  });
+}
+
 EXPANSE_API expanse_status expanse_context_set_check_finite(expanse_context* ctx, int32_t enabled) {
   return guarded([&] {
     expanse_context& c = checked(ctx);
@@ -206,12 +216,19 @@ EXPANSE_API expanse_status expanse_run(expanse_context* ctx, expanse_op_kind kin
     if (!writes_anything(*op_declaration(op.kind), args)) return;
     size_t needed = 0;
     backend_call(c, "workspace query", table_of(c).workspace_size(&op, &needed), nullptr);
-    if (needed > c.workspace_bytes)
+    if (needed > c.workspace_bytes && !c.allocate)
       fail(EXPANSE_ERROR_WORKSPACE,
            "%s on backend '%s' needs a workspace of %zu bytes, the context has %zu: query expanse_workspace_size and "
            "pass it with expanse_context_set_workspace", expanse_op_name(op.kind), c.backend->name.c_str(), needed,
            c.workspace_bytes);
-    const expanse_exec exec{c.device, c.stream, c.workspace, c.workspace_bytes};
+    expanse_exec exec{c.device, c.stream, c.workspace, c.workspace_bytes};
+    if (needed > c.workspace_bytes) {  // the context's allocator, as checked above
+      exec.workspace = c.allocate(c.allocate_user, needed);
+      exec.workspace_bytes = needed;
+      if (!exec.workspace)
+        fail(EXPANSE_ERROR_OUT_OF_MEMORY, "%s on backend '%s': the context's allocator returned no workspace of %zu bytes",
+             expanse_op_name(op.kind), c.backend->name.c_str(), needed);
+    }
     char err[512] = {0};
     const expanse_status st = table_of(c).run(&op, &exec, err, sizeof(err));
     err[sizeof(err) - 1] = '\0';

@@ -80,13 +80,36 @@ struct rule {
   }
 };
 
+// The rules of every op parsed once (the first validation), and the symbols each op needs >= 1.
+struct parsed_op {
+  std::vector<rule> rules;
+  unsigned positive = 0;  // bit s: symbol s must be >= 1
+};
+
+const parsed_op& parsed(const op_decl& op) {
+  static const std::vector<parsed_op> all = [] {
+    std::vector<parsed_op> result;
+    for (int32_t k = 0; k < EXPANSE_OP_COUNT; ++k) {
+      const op_decl& o = *op_declaration(k);
+      parsed_op p;
+      for (int i = 0; i < o.tensor_count; ++i) p.rules.emplace_back(o.tensors[i].info.dims);
+      const rule positive(o.positive);
+      for (int i = 0; i < positive.count; ++i)
+        if (positive.symbols[i] < kSymbolCount) p.positive |= 1u << positive.symbols[i];
+      result.push_back(std::move(p));
+    }
+    return result;
+  }();
+  return all[size_t(&op - op_declaration(0))];
+}
+
 // Checks one call's arguments against its declaration. Throws api_error naming the argument; every
 // message starts with the operation's name.
 class checker {
  public:
   // device: where tensors must live; nullptr when only shapes are wanted (output_shape).
   checker(const op_decl& op, const void* args, const device_requirement* device)
-      : op_(op), args_(static_cast<const char*>(args)), device_(device) {}
+      : op_(op), parsed_(parsed(op)), args_(static_cast<const char*>(args)), device_(device) {}
 
   [[noreturn]] void error(const char* fmt, ...) const __attribute__((format(printf, 2, 3))) {
     va_list list;
@@ -167,7 +190,7 @@ class checker {
       if (!t || (!outputs_too && decl.info.role != EXPANSE_ARG_INPUT)) continue;
       const bool output = decl.info.role != EXPANSE_ARG_INPUT;
       structure(decl.info.name, *t, output);
-      const rule r(decl.info.dims);
+      const rule& r = parsed_.rules[size_t(i)];
       const expanse_tensor& full = with_full_rank(decl.info.name, *t, r, i, out);
       rank(decl.info.name, full, r);
       dtype(decl, full);
@@ -246,7 +269,7 @@ class checker {
   // An output's shape by its rule, from the sizes the inputs bound; for a tensor that may omit its
   // axis of size 1, omitted when the first input omits it.
   int shape_of(int i, int64_t* shape) {
-    const rule r(op_.tensors[i].info.dims);
+    const rule& r = parsed_.rules[size_t(i)];
     int n = 0;
     for (int k = 0; k < r.count; ++k) {
       const int s = r.symbols[k];
@@ -418,7 +441,7 @@ class checker {
   }
 
   void bind(int s, int64_t extent, const char* name, int axis) {
-    if (std::strstr(positive_list().c_str(), (" " + std::string(kSymbolNames[s]) + " ").c_str()) && extent < 1)
+    if ((parsed_.positive >> s & 1u) && extent < 1)
       error("%s ('%s' dimension %d) must be >= 1, got %lld", kSymbolMeaning[s], name, axis, (long long)extent);
     bind_value(s, extent, name);
   }
@@ -428,7 +451,6 @@ class checker {
     from_[s] = name;
   }
   int64_t value(int s) const { return values_[s]; }
-  std::string positive_list() const { return " " + std::string(op_.positive) + " "; }
 
   // D always derives from p, d and the layout; n from t and the chunk size where the op has one.
   bool is_derived(int s) const { return s == kDphi || (s == kN && has_chunk()); }
@@ -512,6 +534,7 @@ class checker {
   static int64_t chunks(int64_t t, int64_t c) { return c > 0 ? t / c + (t % c != 0) : 0; }
 
   const op_decl& op_;
+  const parsed_op& parsed_;
   const char* args_;
   const device_requirement* device_;
   int64_t values_[kSymbolCount]{};

@@ -350,6 +350,15 @@ EXPANSE_API expanse_status expanse_context_set_stream(expanse_context* ctx, void
 /* Caller-owned device memory the operations may use as scratch; see expanse_workspace_size. */
 EXPANSE_API expanse_status expanse_context_set_workspace(expanse_context* ctx, void* workspace,
                                                          size_t bytes);
+/* Where a call's workspace comes from when the context's (expanse_context_set_workspace) is too
+ * small: allocate(user, bytes) returns device memory on the context's device that stays valid until
+ * the operation has run on the context's stream (a framework's stream-ordered caching allocator, as
+ * PyTorch's), or NULL when it cannot (EXPANSE_ERROR_OUT_OF_MEMORY). With one, a caller runs an
+ * operation with one call (one validation) and no expanse_workspace_size first. NULL: no allocator
+ * (the default). */
+typedef void* (*expanse_allocate_fn)(void* user, size_t bytes);
+EXPANSE_API expanse_status expanse_context_set_allocator(expanse_context* ctx, expanse_allocate_fn allocate,
+                                                         void* user);
 /* Opt-in check of the inputs' values (off by default): before an operation runs, every floating
  * input is scanned, and a NaN or an infinity (other than -inf in log_g or discumsum's A, which is a
  * reset) gives EXPANSE_ERROR_INVALID_ARGUMENT naming the argument and the index of its first

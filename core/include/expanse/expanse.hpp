@@ -17,6 +17,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <type_traits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,6 +111,12 @@ class device_buffer {
   }
   void* data() const noexcept { return ptr_; }
   size_t size() const noexcept { return bytes_; }
+  // Takes ownership of memory from expanse_malloc on ctx.
+  static device_buffer adopt(expanse_context* ctx, void* ptr, size_t bytes) noexcept {
+    device_buffer b;
+    b.ctx_ = ctx, b.ptr_ = ptr, b.bytes_ = bytes;
+    return b;
+  }
 
  private:
   void swap(device_buffer& o) noexcept {
@@ -127,12 +134,14 @@ class context {
  public:
   explicit context(const std::string& backend = "", int32_t device = 0) {
     check(expanse_context_create(backend.c_str(), device, &ctx_));
+    workspace_ = std::make_unique<owned_workspace>();
+    workspace_->ctx = ctx_;
+    check(expanse_context_set_allocator(ctx_, &owned_workspace::grow, workspace_.get()));
   }
-  context(context&& o) noexcept
-      : ctx_(std::exchange(o.ctx_, nullptr)), workspace_(std::move(o.workspace_)) {}
+  context(context&& o) noexcept : ctx_(std::exchange(o.ctx_, nullptr)), workspace_(std::move(o.workspace_)) {}
   context& operator=(context&& o) noexcept {
     if (this != &o) {
-      workspace_ = device_buffer();
+      workspace_.reset();
       expanse_context_destroy(ctx_);
       ctx_ = std::exchange(o.ctx_, nullptr);
       workspace_ = std::move(o.workspace_);
@@ -142,7 +151,7 @@ class context {
   context(const context&) = delete;
   context& operator=(const context&) = delete;
   ~context() {
-    workspace_ = device_buffer();
+    workspace_.reset();
     expanse_context_destroy(ctx_);
   }
 
@@ -152,11 +161,8 @@ class context {
   void set_stream(void* stream) { check(expanse_context_set_stream(ctx_, stream)); }
   // Refuse NaN and infinities in inputs, naming the argument and index (expanse_context_set_check_finite).
   void set_check_finite(bool enabled) { check(expanse_context_set_check_finite(ctx_, enabled ? 1 : 0)); }
-  // Use caller-owned scratch memory; run() then never allocates.
-  void set_workspace(void* workspace, size_t bytes) {
-    workspace_ = device_buffer();
-    check(expanse_context_set_workspace(ctx_, workspace, bytes));
-  }
+  // Use caller-owned scratch memory; run() then allocates only for an op that needs more.
+  void set_workspace(void* workspace, size_t bytes) { check(expanse_context_set_workspace(ctx_, workspace, bytes)); }
 
   bool supports(expanse_op_kind op, const void* args, std::string* reason = nullptr) const {
     char text[512] = {0};
@@ -173,15 +179,9 @@ class context {
     check(expanse_workspace_size(ctx_, op, args, &bytes));
     return bytes;
   }
-  // Runs op; for convenience grows an owned workspace when the op needs more than the context has.
-  void run(expanse_op_kind op, const void* args) {
-    const size_t needed = workspace_size(op, args);
-    if (needed > workspace_.size() && needed > 0) {
-      workspace_ = device_buffer(ctx_, needed);
-      check(expanse_context_set_workspace(ctx_, workspace_.data(), workspace_.size()));
-    }
-    check(expanse_run(ctx_, op, args));
-  }
+  // Runs op (one validation); for convenience grows an owned workspace when the op needs more than
+  // the context has (the context's allocator, set at construction).
+  void run(expanse_op_kind op, const void* args) { check(expanse_run(ctx_, op, args)); }
 
   // sympow_expand(args), update_state(args), ...: one method per operation.
 #define EXPANSE_CONTEXT_METHOD(name, NAME) \
@@ -197,7 +197,23 @@ class context {
 
  private:
   expanse_context* ctx_ = nullptr;
-  device_buffer workspace_;
+  // The workspace this wrapper owns: the context's allocator (expanse_context_set_allocator) grows it
+  // to the largest an op has asked for. On the heap, so that its address survives a move.
+  struct owned_workspace {
+    expanse_context* ctx = nullptr;
+    device_buffer buffer;
+    static void* grow(void* self, size_t bytes) noexcept {
+      auto& w = *static_cast<owned_workspace*>(self);
+      if (bytes > w.buffer.size()) {
+        w.buffer = device_buffer();
+        void* ptr = nullptr;
+        if (expanse_malloc(w.ctx, bytes, &ptr) != EXPANSE_OK) return nullptr;
+        w.buffer = device_buffer::adopt(w.ctx, ptr, bytes);
+      }
+      return w.buffer.data();
+    }
+  };
+  std::unique_ptr<owned_workspace> workspace_;
 };
 
 }  // namespace expanse
