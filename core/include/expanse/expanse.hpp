@@ -68,19 +68,13 @@ inline int64_t expanded_dim(int32_t p, int64_t d, expanse_layout layout = {EXPAN
 }
 
 // Argument structs with the library's defaults.
-#define EXPANSE_ARGS_FACTORY(name)                        \
+#define EXPANSE_ARGS_FACTORY(name, NAME)                  \
   inline expanse_##name##_args name##_args() {            \
     expanse_##name##_args a;                              \
     expanse_##name##_args_init(&a);                       \
     return a;                                             \
   }
-EXPANSE_ARGS_FACTORY(sympow_expand)
-EXPANSE_ARGS_FACTORY(update_state)
-EXPANSE_ARGS_FACTORY(discumsum)
-EXPANSE_ARGS_FACTORY(query_state)
-EXPANSE_ARGS_FACTORY(chunk_attention)
-EXPANSE_ARGS_FACTORY(power_attention)
-EXPANSE_ARGS_FACTORY(power_attention_step)
+EXPANSE_OPERATIONS(EXPANSE_ARGS_FACTORY)
 #undef EXPANSE_ARGS_FACTORY
 
 inline std::vector<expanse_backend_info> backends() {
