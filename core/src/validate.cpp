@@ -144,15 +144,18 @@ class checker {
     for (int i = 0; i < op_.tensor_count; ++i) {
       const uint8_t g = op_.tensors[i].group;
       if (!g) continue;
-      std::string names;
+      std::vector<std::string> names;
       bool some = false, all = true;
       for (int j = 0; j < op_.tensor_count; ++j)
         if (op_.tensors[j].group == g) {
-          names += (names.empty() ? "'" : "', '") + std::string(op_.tensors[j].info.name);
+          names.push_back("'" + std::string(op_.tensors[j].info.name) + "'");
           some = some || tensor(j);
           all = all && tensor(j);
         }
-      if (some && !all) error("arguments %s' go together: give all of them or none", names.c_str());
+      std::string list;  // 'y', 'l' and 'rowmax'
+      for (size_t j = 0; j < names.size(); ++j)
+        list += (j == 0 ? "" : j + 1 == names.size() ? " and " : ", ") + names[j];
+      if (some && !all) error("arguments %s go together: give all of them or none", list.c_str());
     }
   }
 

@@ -1,36 +1,26 @@
 """The operations of docs/spec.md over framework arrays.
 
-Each function checks its Python-level arguments (array types, scalar types), works out the shapes
-and dtypes of its outputs, and hands everything to the extension, which has the library validate the
-whole call before the caller's framework allocates the outputs. Shape rules stay the library's: when
-the inputs are too malformed to derive output shapes from, the library is asked anyway and raises
-its own message naming the argument.
+Each function checks its Python-level arguments (array types, scalar types) and hands everything to
+the extension, which asks the library for the shapes of the outputs (its table's shape rules: they are
+written once, in the library), has the caller's framework allocate them, and runs the op with one call.
 """
 
 from . import _arrays, _backends, _expanse, _finite, _params
-from ._errors import ExpanseError
 
 
-class _Malformed(Exception):
-    """Output shapes cannot be derived; the library's validation will say why."""
+class _DtypeOf:
+    """An output allocated in the dtype of the given input (when it is given)."""
 
-
-def _dims(meta, name, rank):
-    shape = meta[name][0]
-    if len(shape) != rank:
-        raise _Malformed(name)
-    return shape
-
-
-def _expanded(p, d, layout):
-    return _expanse.expanded_dim(p, d, layout[0], layout[1])
+    def __init__(self, name):
+        self.name = name
 
 
 def _call(op, inputs, outputs, *, backend, required, check_finite, in_place=None, **params):
     """Runs `op`. inputs: {name: array or None}, the first one the anchor whose framework and device
-    the outputs take; outputs(meta) -> {name: (shape, dtype)} where meta maps each given array's name
-    to (shape, dtype); in_place: {name: array} written in place; required: names that must not be None;
-    check_finite: the call's argument (None: the process-wide setting)."""
+    the outputs take; outputs: {name: dtype to allocate: "" for the library's default, a dtype name,
+    or _DtypeOf(input)}, in the shapes the library derives; in_place: {name: array} written in place;
+    required: names that must not be None; check_finite: the call's argument (None: the
+    process-wide setting); params: the op's parameters by name (None: left at the library's default)."""
     check_finite = _finite.resolve(op, check_finite)
     for n in required:
         x = inputs[n] if n in inputs else in_place[n]
@@ -43,23 +33,19 @@ def _call(op, inputs, outputs, *, backend, required, check_finite, in_place=None
     device_type, device = fw.device(anchor)
     name = _backends.resolve(backend, device_type, op)
 
-    meta = {}
-    for n, x in {**given, **written}.items():
-        f = _arrays.framework_of(x)
-        meta[n] = (tuple(f.shape(x)), f.dtype(x))
-    try:
-        specs = outputs(meta)
-    except (_Malformed, IndexError, KeyError, ExpanseError):
-        specs = {}  # the library's validation names the bad argument below
     requested = dict(written)
-    for n, (shape, dtype) in specs.items():
-        requested[n] = (tuple(int(s) for s in shape), dtype)
+    for n, dtype in outputs.items():
+        if isinstance(dtype, _DtypeOf):
+            like = given.get(dtype.name)
+            dtype = _arrays.framework_of(like).dtype(like) if like is not None else ""
+        requested[n] = dtype
 
     def allocate(shape, dtype):
         return fw.empty(tuple(shape), dtype, anchor, name, device)
 
-    return _expanse.run(op, name, device, device_type, fw.stream(anchor), given, requested, allocate,
-                        check_finite=check_finite, **params)
+    params = {k: (int(v) if isinstance(v, bool) else v) for k, v in params.items() if v is not None}
+    return _expanse.run(op, name, device, device_type, fw.stream(anchor), given, requested, allocate, params,
+                        check_finite=check_finite)
 
 
 def power_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=None, normalize=True,
@@ -138,17 +124,11 @@ def power_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=None, no
     lay = _params.layout(op, layout)
     S0, z0 = _state_pair(op, "initial_state", initial_state, required=False)
 
-    def outputs(meta):
-        b, t, hq, d = _dims(meta, "q", 4)
-        h, e = _dims(meta, "k", 4)[2], _dims(meta, "v", 4)[3]
-        out = {"o": ((b, t, hq, e), meta["v"][1])}
-        if output_final_state:
-            D = _expanded(p, d, lay)
-            st = meta["initial_S"][1] if "initial_S" in meta else _params.state_dtype(meta["q"][1])
-            out["final_S"] = ((b, h, D, e), st)
-            if normalize:
-                out["final_z"] = ((b, h, D), st)
-        return out
+    outputs = {"o": ""}
+    if output_final_state:  # in the initial state's dtype when one is given
+        outputs["final_S"] = _DtypeOf("initial_S")
+        if normalize:
+            outputs["final_z"] = _DtypeOf("initial_S")
 
     r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g, "initial_S": S0, "initial_z": z0}, outputs,
               backend=backend, required=("q", "k", "v"), check_finite=check_finite, p=p,
@@ -195,15 +175,7 @@ def power_attention_step(q, k, v, log_g=None, *, state, p=2, scale=None, normali
     lay = _params.layout(op, layout)
     S, z = _state_pair(op, "state", state, required=True)
 
-    def outputs(meta):
-        qs = meta["q"][0]
-        if len(qs) not in (3, 4):
-            raise _Malformed("q")
-        e = meta["v"][0][-1]
-        shape = (qs[0], qs[1], qs[2], e) if len(qs) == 4 else (qs[0], qs[1], e)
-        return {"o": (shape, meta["v"][1])}
-
-    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g}, outputs, backend=backend, in_place={"S": S, "z": z},
+    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g}, {"o": ""}, backend=backend, in_place={"S": S, "z": z},
               required=("q", "k", "v", "S"), check_finite=check_finite,
               p=p, scale=_params.scale(op, scale), normalize=normalize, layout=lay)
     return r["o"]
@@ -234,13 +206,7 @@ def sympow_expand(x, *, p=2, layout="sympow", backend=None, check_finite=None):
     p = _params.degree(op, p)
     lay = _params.layout(op, layout)
 
-    def outputs(meta):
-        shape, dtype = meta["x"]
-        if len(shape) < 1:
-            raise _Malformed("x")
-        return {"out": (tuple(shape[:-1]) + (_expanded(p, shape[-1], lay),), dtype)}
-
-    return _call(op, {"x": x}, outputs, backend=backend, required=("x",), check_finite=check_finite, p=p,
+    return _call(op, {"x": x}, {"out": ""}, backend=backend, required=("x",), check_finite=check_finite, p=p,
                  layout=lay)["out"]
 
 
@@ -265,15 +231,7 @@ def update_state(k, v, log_g=None, *, p=2, chunk_size=_params.DEFAULT_CHUNK, lay
     c = _params.chunk_size(op, chunk_size, expected=">= 1")
     lay = _params.layout(op, layout)
 
-    def outputs(meta):
-        b, t, h, d = _dims(meta, "k", 4)
-        e = _dims(meta, "v", 4)[3]
-        if c < 1:
-            raise _Malformed("chunk_size")
-        n, D, st = -(-t // c), _expanded(p, d, lay), _params.state_dtype(meta["k"][1])
-        return {"S": ((b, n, h, D, e), st), "z": ((b, n, h, D), st)}
-
-    r = _call(op, {"k": k, "v": v, "log_g": log_g}, outputs, backend=backend, required=("k", "v"),
+    r = _call(op, {"k": k, "v": v, "log_g": log_g}, {"S": "", "z": ""}, backend=backend, required=("k", "v"),
               check_finite=check_finite, p=p, chunk_size=c, layout=lay)
     return r["S"], r["z"]
 
@@ -296,13 +254,7 @@ def discumsum(X, A, Y_init=None, *, backend=None, check_finite=None):
     """
     op = "discumsum"
 
-    def outputs(meta):
-        shape, dtype = meta["X"]
-        if len(shape) < 3:
-            raise _Malformed("X")
-        return {"Y": ((shape[0], shape[1] + 1) + tuple(shape[2:]), _params.state_dtype(dtype))}
-
-    return _call(op, {"X": X, "A": A, "Y_init": Y_init}, outputs, backend=backend, required=("X", "A"),
+    return _call(op, {"X": X, "A": A, "Y_init": Y_init}, {"Y": ""}, backend=backend, required=("X", "A"),
                  check_finite=check_finite)["Y"]
 
 
@@ -335,12 +287,7 @@ def query_state(q, S, z=None, log_g=None, *, intra=None, p=2, scale=None, chunk_
     lay = _params.layout(op, layout)
     y, l, rowmax = _intra(op, intra)
 
-    def outputs(meta):
-        b, t, hq, _ = _dims(meta, "q", 4)
-        e = _dims(meta, "S", 5)[4]
-        return {"o": ((b, t, hq, e), meta["q"][1])}
-
-    r = _call(op, {"q": q, "S": S, "z": z, "log_g": log_g, "y": y, "l": l, "rowmax": rowmax}, outputs,
+    r = _call(op, {"q": q, "S": S, "z": z, "log_g": log_g, "y": y, "l": l, "rowmax": rowmax}, {"o": ""},
               backend=backend, required=("q", "S"), check_finite=check_finite, p=p, scale=_params.scale(op, scale),
               chunk_size=c, normalize=normalize, layout=lay)
     return r["o"]
@@ -371,13 +318,7 @@ def chunk_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=_params.
     # None: one chunk over the whole sequence, which the C ABI spells 0.
     c = 0 if chunk_size is None else _params.chunk_size(op, chunk_size, expected=">= 0 (0: one chunk)")
 
-    def outputs(meta):
-        b, t, hq, _ = _dims(meta, "q", 4)
-        e = _dims(meta, "v", 4)[3]
-        st = _params.state_dtype(meta["q"][1])
-        return {"y": ((b, t, hq, e), st), "l": ((b, t, hq), st), "rowmax": ((b, t, hq), st)}
-
-    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g}, outputs, backend=backend, required=("q", "k", "v"),
+    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g}, {"y": "", "l": "", "rowmax": ""}, backend=backend, required=("q", "k", "v"),
               check_finite=check_finite, p=p, scale=_params.scale(op, scale), chunk_size=c)
     return r["y"], r["l"], r["rowmax"]
 

@@ -130,41 +130,6 @@ array_keeper::raw array_keeper::bytes_of(const std::string& name, nb::handle obj
   return fill(a);
 }
 
-namespace {
-
-// a + b, or the largest address when that overflows (a size the library then refuses anyway).
-uintptr_t add_saturating(uintptr_t a, uintptr_t b) { return a > UINTPTR_MAX - b ? UINTPTR_MAX : a + b; }
-uintptr_t mul_saturating(uintptr_t a, uintptr_t b) { return b != 0 && a > UINTPTR_MAX / b ? UINTPTR_MAX : a * b; }
-
-}  // namespace
-
-uintptr_t placeholder_space::end_of(const expanse_tensor& t) {
-  uintptr_t last = 0;  // offset of the last element, in elements
-  for (int i = 0; i < t.ndim; ++i) {
-    if (t.shape[i] <= 0) return reinterpret_cast<uintptr_t>(t.data);  // empty: spans nothing
-    const uintptr_t stride = t.strides[i] > 0 ? uintptr_t(t.strides[i]) : 0;
-    last = add_saturating(last, mul_saturating(uintptr_t(t.shape[i] - 1), stride));
-  }
-  const uintptr_t size = expanse_dtype_size(expanse_dtype(t.dtype));
-  return add_saturating(reinterpret_cast<uintptr_t>(t.data), mul_saturating(add_saturating(last, 1), size));
-}
-
-uintptr_t placeholder_space::align(uintptr_t address) {
-  return address > UINTPTR_MAX - 4095 ? UINTPTR_MAX & ~uintptr_t(4095) : (address + 4095) & ~uintptr_t(4095);
-}
-
-expanse_tensor placeholder_space::make(const std::vector<int64_t>& shape, const std::string& dtype,
-                                       int32_t device_type, int32_t device_id) {
-  expanse_tensor t{};
-  if (shape.size() > EXPANSE_MAX_DIMS)
-    raise_status(EXPANSE_ERROR_INVALID_ARGUMENT, "an output would have more than 8 dimensions");
-  check(expanse_tensor_make(&t, reinterpret_cast<void*>(next_), expanse_dtype_of(dtype),
-                            static_cast<int32_t>(shape.size()), shape.data(), expanse_device_type(device_type),
-                            device_id));
-  next_ = align(end_of(t));
-  return t;
-}
-
 nb::dict describe_tensor(const expanse_tensor& t) {
   nb::dict d;
   nb::list shape, strides;

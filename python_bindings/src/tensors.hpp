@@ -46,27 +46,6 @@ class array_keeper {
   std::vector<nb::ndarray<>> outputs_;
 };
 
-// Contiguous tensors whose data pointers are placeholders: they let the library validate a call's
-// outputs (shapes, dtypes, device) before any memory is allocated for them. The library refuses
-// outputs that share memory with another argument, so each placeholder gets an address range of its
-// own, past every real array of the call, where no real array can lie. Never dereferenced.
-class placeholder_space {
- public:
-  // `arrays`: the call's real tensors; the placeholders start past the last byte of each.
-  template <class Map>
-  explicit placeholder_space(const Map& arrays) {
-    for (const auto& entry : arrays) next_ = std::max(next_, end_of(entry.second));
-    next_ = align(next_);
-  }
-  expanse_tensor make(const std::vector<int64_t>& shape, const std::string& dtype, int32_t device_type,
-                      int32_t device_id);
-
- private:
-  static uintptr_t end_of(const expanse_tensor& t);  // one past its last byte (saturating)
-  static uintptr_t align(uintptr_t address);         // up to 4096, which satisfies any kernel
-  uintptr_t next_ = 4096;
-};
-
 // (shape, strides, dtype, device, data pointer) of an array, for describe() and last_call().
 nb::dict describe_tensor(const expanse_tensor& t);
 
