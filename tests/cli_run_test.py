@@ -128,13 +128,13 @@ for case, (b, t, hq, h, d, e, p, chunk, gated, init) in enumerate([
             feats = np.einsum("bhta,bhtc->bhtac", feats, kk).reshape(b, h, 6, -1)
         S0 = np.einsum("bhtD,bhte->bhDe", feats, rng.standard_normal((b, h, 6, e)))
         z0 = feats.sum(2)
-        ins["S0"] = S0
+        ins["initial_S"] = S0
         if normalize:
-            ins["z0"] = z0
+            ins["initial_z"] = z0
     ref = power_attention(q, k, v, log_g, p, scale, normalize, S0, z0 if normalize else None)
     flags = ["--p", p, "--normalize", int(normalize), "--layout", "tensor"]
     if chunk is not None:  # None: the default, auto (the library picks the form)
-        flags += ["--chunk", chunk]
+        flags += ["--chunk_size", chunk]
     outs, _ = run("power_attention", ins, *flags)
     if outs is not None:
         check(f"power_attention case {case} (b={b} t={t} hq={hq} h={h} p={p} chunk={chunk} gated={gated} S0={init})",
@@ -225,8 +225,8 @@ for dtype, want in ((np.float16, np.float32), (np.float32, np.float32), (np.floa
     ins = {name: a.astype(dtype) for name, a in good.items()}
     outs, _ = run("power_attention", ins, "--final-state")
     expect(f"power_attention --final-state with {np.dtype(dtype).name} inputs writes {np.dtype(want).name} S, z",
-           outs is not None and outs["S"].dtype == want and outs["z"].dtype == want,
-           "" if outs is None else f"S {outs['S'].dtype}, z {outs['z'].dtype}, o {outs['o'].dtype}")
+           outs is not None and outs["final_S"].dtype == want and outs["final_z"].dtype == want,
+           "" if outs is None else f"final_S {outs['final_S'].dtype}, final_z {outs['final_z'].dtype}, o {outs['o'].dtype}")
     outs, _ = run("update_state", {"k": ins["k"], "v": ins["v"]}, "--chunk", 4)
     expect(f"update_state with {np.dtype(dtype).name} inputs writes {np.dtype(want).name} S",
            outs is not None and outs["S"].dtype == want)

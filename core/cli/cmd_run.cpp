@@ -1,8 +1,12 @@
 // `expanse run <op>`: run one operation once on .npy inputs and write its outputs as .npy files.
 //
-// The library validates ranks, shapes and dtypes (docs/spec.md "Bad input"); this command only derives
-// output shapes from input shapes, so it checks the ranks it needs for that and nothing more.
+// Everything about an operation comes from the library's tables (expanse_op_tensor_args,
+// expanse_op_params): the file names are the tensors' names, the options the parameters' names, the
+// output shapes the library's (expanse_output_shape), which also validates the inputs. No operation
+// is spelled out here.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <initializer_list>
@@ -129,89 +133,114 @@ class Binder {
   std::vector<std::unique_ptr<Slot>> slots_;
 };
 
+// ---------------------------------------------------------------- the op's tables
+
+struct OpTables {
+  expanse_op_kind kind;
+  std::vector<expanse_tensor_arg_info> tensors;
+  std::vector<expanse_param_info> params;
+};
+
+OpTables tables_of(expanse_op_kind kind) {
+  const expanse_tensor_arg_info* t = nullptr;
+  const expanse_param_info* p = nullptr;
+  const int32_t nt = expanse_op_tensor_args(kind, &t), np = expanse_op_params(kind, &p);
+  return {kind, {t, t + std::max(nt, 0)}, {p, p + std::max(np, 0)}};
+}
+
+// "[b,t,hq,d]" from the shape rule "b t hq d".
+std::string dims_text(const char* dims) {
+  std::string s = "[";
+  for (const char* c = dims; *c; ++c) s += *c == ' ' ? ',' : *c;
+  return s + "]";
+}
+
+// Every parameter name of every operation, once, with its help (the first op's wording).
+std::vector<expanse_param_info> all_params() {
+  std::vector<expanse_param_info> all;
+  for (int k = 0; k < EXPANSE_OP_COUNT; ++k)
+    for (const expanse_param_info& p : tables_of(static_cast<expanse_op_kind>(k)).params) {
+      bool seen = false;
+      for (const auto& q : all) seen = seen || std::string(q.name) == p.name;
+      if (!seen) all.push_back(p);
+    }
+  return all;
+}
+
+// A tensor the caller's --dtype converts: the op's first input and those that must share its dtype
+// ("=NAME" rules) or may be any float. Gates and states ("f32|f64") are used as read.
+bool follows_dtype_option(const expanse_tensor_arg_info& t) { return std::string(t.dtypes) != "f32|f64"; }
+
+// An optional output written only with --final-state.
+bool is_final_state(const expanse_tensor_arg_info& t) { return std::string(t.name).rfind("final_", 0) == 0; }
+
 // ---------------------------------------------------------------- options and help
 
 const std::vector<OptionSpec>& run_options() {
-  static const std::vector<OptionSpec> specs = {
-      {"inputs", true, "DIR", "directory holding the input files <name>.npy (required)"},
-      {"outputs", true, "DIR", "directory for the output files <name>.npy (required; created if missing)"},
-      {"backend", true, "NAME", "backend (default: $EXPANSE_BACKEND or \"reference\")"},
-      {"device", true, "N", "device index on the backend (default 0)"},
-      {"p", true, "P", "degree of the power (default 2; p = 1 is linear attention)"},
-      {"scale", true, "S", "query scale (default 0: the library's 1/sqrt(d))"},
-      {"chunk", true, "C", "chunk size: power_attention auto (default: the library picks the form and size),\n"
-                           "0 (the quadratic form) or C; update_state, query_state C >= 1 (required);\n"
-                           "chunk_attention C (0 or absent: one chunk)"},
-      {"normalize", true, "0|1", "divide by the normalizer (default 1; needs an even p)"},
-      {"layout", true, "L", "feature-map layout: sympow (default), tensor, tiled:N"},
-      {"dtype", true, "T", "convert the token inputs to T (f16, bf16, f32, f64) before running"},
-      {"final-state", false, "", "power_attention: also write the final state S, z"},
-      {"check-finite", false, "", "refuse inputs holding NaN or infinity (log_g = -inf is a reset), naming\n"
-                                  "the input and the index of its first such element"},
-  };
+  static const std::vector<OptionSpec> specs = [] {
+    std::vector<OptionSpec> s = {
+        {"inputs", true, "DIR", "directory holding the input files <name>.npy (required)"},
+        {"outputs", true, "DIR", "directory for the output files <name>.npy (required; created if missing)"},
+        {"backend", true, "NAME", "backend (default: $EXPANSE_BACKEND or \"reference\")"},
+        {"device", true, "N", "device index on the backend (default 0)"},
+        {"dtype", true, "T", "convert the token inputs to T (f16, bf16, f32, f64) before running"},
+        {"final-state", false, "", "also write the final state (power_attention's final_S, final_z)"},
+        {"check-finite", false, "", "refuse inputs holding NaN or infinity (log_g = -inf is a reset), naming\n"
+                                    "the input and the index of its first such element"},
+    };
+    // The operations' parameters, by their names in the library's tables.
+    for (const expanse_param_info& p : all_params()) {
+      const char* value = p.type == EXPANSE_PARAM_LAYOUT ? "L" : p.type == EXPANSE_PARAM_DOUBLE ? "X" : "N";
+      s.push_back({p.name, true, value, p.help});
+    }
+    s.push_back({"chunk", true, "C", "the same as --chunk_size"});
+    return s;
+  }();
   return specs;
 }
 
-// Options each op reads (besides inputs, outputs, backend, device, dtype).
-std::vector<std::string> op_options(expanse_op_kind op) {
-  switch (op) {
-    case EXPANSE_OP_SYMPOW_EXPAND: return {"p", "layout"};
-    case EXPANSE_OP_UPDATE_STATE: return {"p", "chunk", "layout"};
-    case EXPANSE_OP_DISCUMSUM: return {};
-    case EXPANSE_OP_QUERY_STATE: return {"p", "scale", "chunk", "normalize", "layout"};
-    case EXPANSE_OP_CHUNK_ATTENTION: return {"p", "scale", "chunk"};
-    case EXPANSE_OP_POWER_ATTENTION:
-      return {"p", "scale", "chunk", "normalize", "layout", "final-state"};
-    case EXPANSE_OP_POWER_ATTENTION_STEP: return {"p", "scale", "normalize", "layout"};
-    default: return {};
-  }
-}
-
 void print_help(const ArgParser& args) {
+  std::string ops;
+  for (int k = 0; k < EXPANSE_OP_COUNT; ++k) {
+    const OpTables op = tables_of(static_cast<expanse_op_kind>(k));
+    std::string in, out, params;
+    for (const auto& t : op.tensors) {
+      std::string item = std::string(t.name) + " " + dims_text(t.dims);
+      if (!t.required) item = "[" + item + "]";
+      std::string& list = t.role == EXPANSE_ARG_INPUT ? in : out;
+      list += (list.empty() ? "" : ", ") + item;
+      if (t.role == EXPANSE_ARG_IN_OUT) in += (in.empty() ? "" : ", ") + item;
+    }
+    for (const auto& p : op.params) params += (params.empty() ? "" : ", ") + std::string("--") + p.name;
+    ops += "  " + std::string(expanse_op_name(op.kind)) + "\n      in:  " + in + "\n      out: " + out +
+           (params.empty() ? "" : "\n      options: " + params) + "\n";
+  }
   std::printf(
       "usage: expanse run <op> --inputs DIR --outputs DIR [options]\n"
       "\n"
       "Reads the inputs of <op> from DIR/<name>.npy, runs the op once and writes each output to\n"
-      "DIR/<name>.npy, printing one line per output (name, shape, dtype). Inputs in [brackets] are\n"
-      "optional and used when their file exists. Shapes follow docs/spec.md: token tensors are\n"
-      "[b,t,heads,dim], n = ceil(t / chunk), D = expanded dim of phi for p, d and the layout.\n"
+      "DIR/<name>.npy, printing one line per output (name, shape, dtype). Tensors in [brackets] are\n"
+      "optional: an input is used when its file exists; an optional output is written (the final\n"
+      "state with --final-state). Shapes follow docs/spec.md: b batch, t tokens, hq query heads, h\n"
+      "key/value heads, d and e head dims, n = ceil(t / chunk_size), D = the expanded dim of phi for p,\n"
+      "d and the layout; a decoding step's tensors may omit their token axis of size 1.\n"
       "\n"
-      "operations and files:\n"
-      "  sympow_expand         in:  x [...,d]\n"
-      "                        out: out [...,D]\n"
-      "  update_state          in:  k [b,t,h,d], v [b,t,h,e], [log_g [b,t,h]]      (needs --chunk)\n"
-      "                        out: S [b,n,h,D,e], z [b,n,h,D]\n"
-      "  discumsum             in:  X [b,n,h,...], A [b,n,h], [Y_init [b,h,...]]\n"
-      "                        out: Y [b,n+1,h,...]\n"
-      "  query_state           in:  q [b,t,hq,d], S [b,n,h,D,e], [z [b,n,h,D]], [log_g],\n"
-      "                             [y [b,t,hq,e], l [b,t,hq], rowmax [b,t,hq]]  (needs --chunk)\n"
-      "                        out: o [b,t,hq,e]\n"
-      "  chunk_attention       in:  q, k, v, [log_g]\n"
-      "                        out: y [b,t,hq,e], l [b,t,hq], rowmax [b,t,hq]\n"
-      "  power_attention       in:  q [b,t,hq,d], k [b,t,h,d], v [b,t,h,e], [log_g],\n"
-      "                             [S0 [b,h,D,e], z0 [b,h,D]]\n"
-      "                        out: o [b,t,hq,e]; with --final-state also S [b,h,D,e], z [b,h,D]\n"
-      "  power_attention_step  in:  q [b,hq,d] or [b,1,hq,d], k [b,h,d], v [b,h,e], [log_g [b,h]],\n"
-      "                             S [b,h,D,e], [z [b,h,D]]\n"
-      "                        out: o [b,hq,e] or [b,1,hq,e], and the updated S, z\n"
+      "operations and files:\n%s"
       "\n"
-      "dtypes: inputs are .npy float16/float32/float64 arrays (C order). By default they are used in\n"
-      "their file dtype. --dtype T converts the token inputs (x, q, k, v, and X of discumsum) to T;\n"
-      "gates and states (log_g, A, S, z, S0, z0, Y_init, y, l, rowmax) are used as read when\n"
-      "float32/float64 and converted to float32 otherwise. The main output (out, o) has the dtype of\n"
-      "x, q (query_state) or v. The states and accumulators (S, z, Y, y, l, rowmax) are written in\n"
-      "f32 for f16, bf16 and f32 token inputs and in f64 for f64 inputs, on every backend (as the\n"
-      "Python package returns them); the updated S, z of power_attention_step keep their input\n"
-      "dtype. numpy has no bfloat16: bf16 outputs are written as float32 files\n"
-      "(exactly). Outputs are filled with NaN before the run, so an element a backend does not\n"
-      "write shows up as NaN.\n"
+      "dtypes: inputs are .npy float16/float32/float64 arrays (C order), used in their file dtype.\n"
+      "--dtype T converts the token inputs (all but the gates and states) to T; gates and states are\n"
+      "used as read when float32/float64 and converted to float32 otherwise. Outputs have the dtype the\n"
+      "library writes by default: token outputs that of the inputs, states and accumulators f32 (f64\n"
+      "for f64 inputs); in-place states keep theirs. numpy has no bfloat16: bf16 outputs are written as\n"
+      "float32 files (exactly). Outputs are filled with NaN before the run, so an element a backend\n"
+      "does not write shows up as NaN.\n"
       "\n"
       "options:\n%s"
       "\n"
       "example:\n"
       "  expanse run power_attention --inputs in --outputs out --p 2 --final-state\n"
-      "  expanse run power_attention --inputs in --outputs out --p 2 --chunk 64 --check-finite\n",
-      args.options_help().c_str());
+      "  expanse run power_attention --inputs in --outputs out --p 2 --chunk_size 64 --check-finite\n",
+      ops.c_str(), args.options_help().c_str());
 }
 
 // ---------------------------------------------------------------- the run
@@ -221,352 +250,149 @@ struct Settings {
   std::string op_name;
   fs::path in_dir, out_dir;
   int32_t device = 0;
-  int32_t p = 2;
-  double scale = 0.0;
-  int64_t chunk = 0;  // EXPANSE_CHUNK_AUTO for power_attention unless --chunk says otherwise
-  bool has_chunk = false;
-  bool normalize = true;
-  expanse_layout layout{};
   bool has_dtype = false;
   expanse_dtype dtype = EXPANSE_F32;
   bool final_state = false;
   bool check_finite = false;
 };
 
-// The dtype of the states and accumulators an op writes: f64 for f64 token inputs, f32 otherwise,
-// whatever the backend (one meaning per dtype, as in the Python package).
-expanse_dtype state_dtype(const NpyArray* token) { return token->dtype == EXPANSE_F64 ? EXPANSE_F64 : EXPANSE_F32; }
-
 // Holds the host arrays (inputs and outputs) of one run; addresses are stable.
 class Arrays {
  public:
   explicit Arrays(const Settings& s) : s_(s) {}
 
-  // DIR/<name>.npy, or nullptr when it does not exist and is optional.
-  NpyArray* load(const std::string& name, bool required) {
-    const fs::path file = s_.in_dir / (name + ".npy");
+  // DIR/<name>.npy, or nullptr when it does not exist and is optional; converted as the tensor's
+  // dtype rule and --dtype say.
+  NpyArray* load(const expanse_tensor_arg_info& t) {
+    const fs::path file = s_.in_dir / (std::string(t.name) + ".npy");
     std::error_code ec;
     if (fs::status(file, ec).type() == fs::file_type::not_found) {
-      if (!required) return nullptr;
-      throw std::runtime_error(s_.op_name + " needs the input file " + file.string() +
-                               ", which does not exist");
+      if (!t.required) return nullptr;
+      throw std::runtime_error(s_.op_name + " needs the input file " + file.string() + ", which does not exist");
     }
     // Anything else that is wrong with the path (a FIFO, a symbolic link loop) npy_read reports.
     auto a = std::make_unique<NpyArray>(npy_read(file.string()));
-    files_.emplace_back(a.get(), file.string());
+    if (follows_dtype_option(t)) {
+      if (s_.has_dtype && a->dtype != s_.dtype) *a = convert_array(*a, s_.dtype);
+    } else if (a->dtype != EXPANSE_F32 && a->dtype != EXPANSE_F64) {
+      *a = convert_array(*a, EXPANSE_F32);
+    }
     arrays_.push_back(std::move(a));
     return arrays_.back().get();
   }
-  // A token input (x, q, k, v, X): converted to --dtype when given.
-  NpyArray* token(const std::string& name, bool required = true) {
-    NpyArray* a = load(name, required);
-    if (a && s_.has_dtype && a->dtype != s_.dtype) *a = convert_array(*a, s_.dtype);
-    return a;
-  }
-  // A gate or state input: used as read when f32/f64, else converted to f32.
-  NpyArray* aux(const std::string& name, bool required = false) {
-    NpyArray* a = load(name, required);
-    if (a && a->dtype != EXPANSE_F32 && a->dtype != EXPANSE_F64) *a = convert_array(*a, EXPANSE_F32);
-    return a;
-  }
 
-  // Throws unless `a` has one of the ranks; `expect` describes the layout, e.g. "[b,t,h,d]".
-  void need_rank(const NpyArray* a, std::initializer_list<size_t> ranks, const std::string& name,
-                 const std::string& expect) const {
-    for (size_t r : ranks)
-      if (a->shape.size() == r) return;
-    std::string want;
-    for (size_t r : ranks) want += (want.empty() ? "" : " or ") + std::to_string(r);
-    rank_error(a, name, want, expect);
-  }
-  // Throws unless `a` has rank >= min_rank.
-  void need_min_rank(const NpyArray* a, size_t min_rank, const std::string& name,
-                     const std::string& expect) const {
-    if (a->shape.size() < min_rank) rank_error(a, name, std::to_string(min_rank) + " or more", expect);
-  }
-
-  // A new output array, zero-filled (the Binder poisons it).
+  // A new output array (the Binder poisons it).
   NpyArray* output(const std::string& name, std::vector<int64_t> shape, expanse_dtype dtype) {
     auto a = std::make_unique<NpyArray>();
     a->dtype = dtype;
     a->shape = std::move(shape);
-    const int64_t n = checked_numel(a->shape, "output " + name + " of shape " +
-                                                  shape_to_string(a->shape), dtype_bytes(dtype));
+    const int64_t n = checked_numel(a->shape, "output " + name + " of shape " + shape_to_string(a->shape),
+                                    dtype_bytes(dtype));
     const size_t bytes = static_cast<size_t>(n) * dtype_bytes(dtype);
     try {
       a->data.resize(bytes);
     } catch (const std::bad_alloc&) {
-      throw std::runtime_error("output " + name + " of shape " + shape_to_string(a->shape) +
-                               " needs " + std::to_string(bytes) +
-                               " bytes of host memory, which could not be allocated");
+      throw std::runtime_error("output " + name + " of shape " + shape_to_string(a->shape) + " needs " +
+                               std::to_string(bytes) + " bytes of host memory, which could not be allocated");
     }
     outputs_.emplace_back(name, a.get());
     arrays_.push_back(std::move(a));
     return arrays_.back().get();
   }
-  // An in-out array written back under `name`.
+  // An in-place array written back under `name`.
   void also_output(const std::string& name, NpyArray* a) {
     if (a) outputs_.emplace_back(name, a);
   }
-
   const std::vector<std::pair<std::string, NpyArray*>>& outputs() const { return outputs_; }
 
  private:
-  [[noreturn]] void rank_error(const NpyArray* a, const std::string& name, const std::string& want,
-                               const std::string& expect) const {
-    throw std::runtime_error("file " + file_of(a) + " has shape " + shape_to_string(a->shape) +
-                             " (rank " + std::to_string(a->shape.size()) + "), but " + s_.op_name +
-                             " expects " + name + " of rank " + want + ": " + expect);
-  }
-  std::string file_of(const NpyArray* a) const {
-    for (const auto& f : files_)
-      if (f.first == a) return f.second;
-    return "?";
-  }
-
   const Settings& s_;
   std::vector<std::unique_ptr<NpyArray>> arrays_;
-  std::vector<std::pair<const NpyArray*, std::string>> files_;
   std::vector<std::pair<std::string, NpyArray*>> outputs_;
 };
 
-int64_t expanded_dim(const Settings& s, int64_t d) {
-  int64_t D = 0;
-  check_status(expanse_expanded_dim(s.p, d, s.layout, &D), "expanse_expanded_dim");
-  if (D < 0) throw std::runtime_error("expanse_expanded_dim returned a negative dimension");
-  return D;
-}
-
-int64_t chunk_count(int64_t t, int64_t c) { return t / c + (t % c != 0 ? 1 : 0); }
-
-void require_chunk(const Settings& s) {
-  if (!s.has_chunk || s.chunk < 1)
-    throw UsageError(s.op_name + " needs --chunk C with C >= 1");
-}
-
-// Runs `op` with `args`: support check, workspace, run, copy back, synchronize.
-void execute(const Settings& s, expanse_context* ctx, Binder& bind, const void* args) {
-  char reason[1024] = {0};
-  const expanse_status sup = expanse_supports(ctx, s.op, args, reason, sizeof reason);
-  if (sup == EXPANSE_ERROR_UNSUPPORTED) {
-    // The library's reason already names the op and the backend.
-    std::string why = reason[0] ? std::string(reason) : std::string(expanse_last_error());
-    if (why.empty()) {
-      const char* backend = expanse_context_backend(ctx);
-      why = "backend " + std::string(backend ? backend : "?") + " does not support this " +
-            s.op_name + " problem";
-    }
-    throw LibraryError(sup, why);
+// The op's args struct, filled by name through the tables.
+class Args {
+ public:
+  explicit Args(expanse_op_kind kind) : bytes_(expanse_op_args_size(kind) + 16) {
+    check_status(expanse_op_args_init(kind, get()), "expanse_op_args_init");
   }
-  check_status(sup, "expanse_supports");
-  size_t ws_bytes = 0;
-  check_status(expanse_workspace_size(ctx, s.op, args, &ws_bytes), "expanse_workspace_size");
-  DeviceBuffer workspace(ctx, ws_bytes);
-  // Detach the workspace from the context before it is freed, however this function is left.
-  struct Detach {
-    expanse_context* ctx;
-    bool set = false;
-    ~Detach() {
-      if (set) (void)expanse_context_set_workspace(ctx, nullptr, 0);
-    }
-  } detach{ctx};
-  if (ws_bytes > 0) {
-    check_status(expanse_context_set_workspace(ctx, workspace.get(), ws_bytes),
-                 "expanse_context_set_workspace");
-    detach.set = true;
+  void* get() { return bytes_.data() + (16 - reinterpret_cast<uintptr_t>(bytes_.data()) % 16) % 16; }
+  void set_tensor(const expanse_tensor_arg_info& t, const expanse_tensor* view) {
+    std::memcpy(static_cast<char*>(get()) + t.offset, &view, sizeof(view));
   }
-  check_status(expanse_run(ctx, s.op, args), "expanse_run");
+  // The parameter from its option's text (when given; else the library's default stays).
+  void set_param(const expanse_param_info& p, const std::string& text) {
+    char* at = static_cast<char*>(get()) + p.offset;
+    const std::string what = "--" + std::string(p.name);
+    if (p.type == EXPANSE_PARAM_INT32) {
+      const int32_t v = std::string(p.name) == "normalize" ? (parse_bool(text, what) ? 1 : 0)
+                                                           : static_cast<int32_t>(parse_int(text, what, INT32_MIN, INT32_MAX));
+      std::memcpy(at, &v, sizeof(v));
+    } else if (p.type == EXPANSE_PARAM_INT64) {
+      const int64_t v = parse_chunk(text, what, /*allow_auto=*/p.default_value == EXPANSE_CHUNK_AUTO);
+      std::memcpy(at, &v, sizeof(v));
+    } else if (p.type == EXPANSE_PARAM_DOUBLE) {
+      const double v = parse_double(text, what);
+      std::memcpy(at, &v, sizeof(v));
+    } else {
+      const expanse_layout v = parse_layout(text, what);
+      std::memcpy(at, &v, sizeof(v));
+    }
+  }
+
+ private:
+  std::vector<unsigned char> bytes_;
+};
+
+// A workspace from expanse_malloc when the op asks for one (expanse_context_set_allocator).
+struct Workspace {
+  expanse_context* ctx;
+  std::unique_ptr<DeviceBuffer> buffer;
+  static void* grow(void* self, size_t bytes) noexcept {
+    auto& w = *static_cast<Workspace*>(self);
+    try {
+      w.buffer = std::make_unique<DeviceBuffer>(w.ctx, bytes);
+      return w.buffer->get();
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+  }
+};
+
+void run_op(const Settings& s, const OpTables& op, Args& args, expanse_context* ctx, Binder& bind, Arrays& io) {
+  // Inputs (and in-place states) first: the output shapes derive from them.
+  std::vector<std::pair<const expanse_tensor_arg_info*, NpyArray*>> in_place;
+  for (const auto& t : op.tensors) {
+    if (t.role == EXPANSE_ARG_OUTPUT) continue;
+    NpyArray* a = io.load(t);
+    if (t.role == EXPANSE_ARG_IN_OUT) {
+      in_place.emplace_back(&t, a);
+    } else {
+      args.set_tensor(t, bind.input(a));
+    }
+  }
+  for (auto& [t, a] : in_place) {
+    args.set_tensor(*t, bind.inout(a));
+    io.also_output(t->name, a);
+  }
+  for (int32_t i = 0; i < int32_t(op.tensors.size()); ++i) {
+    const expanse_tensor_arg_info& t = op.tensors[size_t(i)];
+    if (t.role != EXPANSE_ARG_OUTPUT || (is_final_state(t) && !s.final_state)) continue;
+    int32_t ndim = 0, dtype = 0;
+    int64_t shape[EXPANSE_MAX_DIMS] = {};
+    check_status(expanse_output_shape(op.kind, args.get(), i, &ndim, shape, &dtype), "expanse_output_shape");
+    args.set_tensor(t, bind.output(io.output(t.name, {shape, shape + ndim}, static_cast<expanse_dtype>(dtype))));
+  }
+  // One call: validation, the backend's choice, the workspace (through the allocator) and the run.
+  Workspace workspace{ctx, nullptr};
+  check_status(expanse_context_set_allocator(ctx, &Workspace::grow, &workspace), "expanse_context_set_allocator");
+  const expanse_status st = expanse_run(ctx, op.kind, args.get());
+  const std::string error = st == EXPANSE_OK ? std::string() : expanse_last_error();
+  expanse_context_set_allocator(ctx, nullptr, nullptr);
+  if (st != EXPANSE_OK) throw LibraryError(st, error);
   bind.copy_back();
   check_status(expanse_synchronize(ctx), "expanse_synchronize");
-}
-
-void run_op(const Settings& s, expanse_context* ctx, Binder& bind, Arrays& io) {
-  switch (s.op) {
-    case EXPANSE_OP_SYMPOW_EXPAND: {
-      NpyArray* x = io.token("x");
-      io.need_min_rank(x, 1, "x", "[..., d]");
-      std::vector<int64_t> shape = x->shape;
-      shape.back() = expanded_dim(s, x->shape.back());
-      NpyArray* out = io.output("out", shape, x->dtype);
-      expanse_sympow_expand_args a;
-      expanse_sympow_expand_args_init(&a);
-      a.x = bind.input(x);
-      a.out = bind.output(out);
-      a.p = s.p;
-      a.layout = s.layout;
-      execute(s, ctx, bind, &a);
-      return;
-    }
-    case EXPANSE_OP_UPDATE_STATE: {
-      require_chunk(s);
-      NpyArray* k = io.token("k");
-      NpyArray* v = io.token("v");
-      NpyArray* log_g = io.aux("log_g");
-      io.need_rank(k, {4}, "k", "[b,t,h,d]");
-      io.need_rank(v, {4}, "v", "[b,t,h,e]");
-      const int64_t b = k->shape[0], t = k->shape[1], h = k->shape[2], d = k->shape[3];
-      const int64_t e = v->shape[3], n = chunk_count(t, s.chunk), D = expanded_dim(s, d);
-      NpyArray* S = io.output("S", {b, n, h, D, e}, state_dtype(k));
-      NpyArray* z = io.output("z", {b, n, h, D}, state_dtype(k));
-      expanse_update_state_args a;
-      expanse_update_state_args_init(&a);
-      a.k = bind.input(k);
-      a.v = bind.input(v);
-      a.log_g = bind.input(log_g);
-      a.S = bind.output(S);
-      a.z = bind.output(z);
-      a.p = s.p;
-      a.chunk_size = s.chunk;
-      a.layout = s.layout;
-      execute(s, ctx, bind, &a);
-      return;
-    }
-    case EXPANSE_OP_DISCUMSUM: {
-      NpyArray* X = io.token("X");
-      NpyArray* A = io.aux("A", /*required=*/true);
-      NpyArray* Y_init = io.aux("Y_init");
-      io.need_min_rank(X, 3, "X", "[b,n,h,...]");
-      std::vector<int64_t> shape = X->shape;
-      if (shape[1] == INT64_MAX) throw std::runtime_error("X has too many chunks");
-      shape[1] += 1;
-      NpyArray* Y = io.output("Y", shape, state_dtype(X));
-      expanse_discumsum_args a;
-      expanse_discumsum_args_init(&a);
-      a.X = bind.input(X);
-      a.A = bind.input(A);
-      a.Y_init = bind.input(Y_init);
-      a.Y = bind.output(Y);
-      execute(s, ctx, bind, &a);
-      return;
-    }
-    case EXPANSE_OP_QUERY_STATE: {
-      require_chunk(s);
-      NpyArray* q = io.token("q");
-      NpyArray* S = io.aux("S", /*required=*/true);
-      NpyArray* z = io.aux("z");
-      NpyArray* log_g = io.aux("log_g");
-      NpyArray* y = io.aux("y");
-      NpyArray* l = io.aux("l");
-      NpyArray* rowmax = io.aux("rowmax");
-      io.need_rank(q, {4}, "q", "[b,t,hq,d]");
-      io.need_rank(S, {5}, "S", "[b,n,h,D,e]");
-      const int64_t e = S->shape[4];
-      NpyArray* o = io.output("o", {q->shape[0], q->shape[1], q->shape[2], e}, q->dtype);
-      expanse_query_state_args a;
-      expanse_query_state_args_init(&a);
-      a.q = bind.input(q);
-      a.S = bind.input(S);
-      a.z = bind.input(z);
-      a.log_g = bind.input(log_g);
-      a.y = bind.input(y);
-      a.l = bind.input(l);
-      a.rowmax = bind.input(rowmax);
-      a.o = bind.output(o);
-      a.p = s.p;
-      a.scale = s.scale;
-      a.chunk_size = s.chunk;
-      a.normalize = s.normalize ? 1 : 0;
-      a.layout = s.layout;
-      execute(s, ctx, bind, &a);
-      return;
-    }
-    case EXPANSE_OP_CHUNK_ATTENTION: {
-      NpyArray* q = io.token("q");
-      NpyArray* k = io.token("k");
-      NpyArray* v = io.token("v");
-      NpyArray* log_g = io.aux("log_g");
-      io.need_rank(q, {4}, "q", "[b,t,hq,d]");
-      io.need_rank(v, {4}, "v", "[b,t,h,e]");
-      const int64_t b = q->shape[0], t = q->shape[1], hq = q->shape[2], e = v->shape[3];
-      NpyArray* y = io.output("y", {b, t, hq, e}, state_dtype(q));
-      NpyArray* l = io.output("l", {b, t, hq}, state_dtype(q));
-      NpyArray* rowmax = io.output("rowmax", {b, t, hq}, state_dtype(q));
-      expanse_chunk_attention_args a;
-      expanse_chunk_attention_args_init(&a);
-      a.q = bind.input(q);
-      a.k = bind.input(k);
-      a.v = bind.input(v);
-      a.log_g = bind.input(log_g);
-      a.y = bind.output(y);
-      a.l = bind.output(l);
-      a.rowmax = bind.output(rowmax);
-      a.p = s.p;
-      a.scale = s.scale;
-      a.chunk_size = s.chunk;
-      execute(s, ctx, bind, &a);
-      return;
-    }
-    case EXPANSE_OP_POWER_ATTENTION: {
-      NpyArray* q = io.token("q");
-      NpyArray* k = io.token("k");
-      NpyArray* v = io.token("v");
-      NpyArray* log_g = io.aux("log_g");
-      NpyArray* S0 = io.aux("S0");
-      NpyArray* z0 = io.aux("z0");
-      io.need_rank(q, {4}, "q", "[b,t,hq,d]");
-      io.need_rank(v, {4}, "v", "[b,t,h,e]");
-      const int64_t b = q->shape[0], t = q->shape[1], hq = q->shape[2], e = v->shape[3];
-      NpyArray* o = io.output("o", {b, t, hq, e}, v->dtype);
-      NpyArray* S = nullptr;
-      NpyArray* z = nullptr;
-      if (s.final_state) {
-        io.need_rank(k, {4}, "k", "[b,t,h,d]");
-        const int64_t h = k->shape[2], D = expanded_dim(s, k->shape[3]);
-        S = io.output("S", {b, h, D, e}, state_dtype(q));
-        z = io.output("z", {b, h, D}, state_dtype(q));
-      }
-      expanse_power_attention_args a;
-      expanse_power_attention_args_init(&a);
-      a.q = bind.input(q);
-      a.k = bind.input(k);
-      a.v = bind.input(v);
-      a.log_g = bind.input(log_g);
-      a.initial_S = bind.input(S0);
-      a.initial_z = bind.input(z0);
-      a.o = bind.output(o);
-      a.final_S = bind.output(S);
-      a.final_z = bind.output(z);
-      a.p = s.p;
-      a.scale = s.scale;
-      a.chunk_size = s.chunk;
-      a.normalize = s.normalize ? 1 : 0;
-      a.layout = s.layout;
-      execute(s, ctx, bind, &a);
-      return;
-    }
-    case EXPANSE_OP_POWER_ATTENTION_STEP: {
-      NpyArray* q = io.token("q");
-      NpyArray* k = io.token("k");
-      NpyArray* v = io.token("v");
-      NpyArray* log_g = io.aux("log_g");
-      NpyArray* S = io.aux("S", /*required=*/true);
-      NpyArray* z = io.aux("z");
-      io.need_rank(q, {3, 4}, "q", "[b,hq,d] or [b,1,hq,d]");
-      io.need_rank(v, {3, 4}, "v", "[b,h,e]");
-      std::vector<int64_t> o_shape = q->shape;
-      o_shape.back() = v->shape.back();
-      NpyArray* o = io.output("o", o_shape, v->dtype);
-      io.also_output("S", S);
-      io.also_output("z", z);
-      expanse_power_attention_step_args a;
-      expanse_power_attention_step_args_init(&a);
-      a.q = bind.input(q);
-      a.k = bind.input(k);
-      a.v = bind.input(v);
-      a.log_g = bind.input(log_g);
-      a.S = bind.inout(S);
-      a.z = bind.inout(z);
-      a.o = bind.output(o);
-      a.p = s.p;
-      a.scale = s.scale;
-      a.normalize = s.normalize ? 1 : 0;
-      a.layout = s.layout;
-      execute(s, ctx, bind, &a);
-      return;
-    }
-    default: break;
-  }
-  throw std::runtime_error("operation " + s.op_name + " is not handled by expanse run");
 }
 
 // Throws unless `dir` is a readable directory, with the system's reason (a symbolic link loop is
@@ -597,6 +423,7 @@ int cmd_run(int argc, char** argv) {
   Settings s;
   s.op = parse_op(pos[0], "operation");
   s.op_name = expanse_op_name(s.op);
+  const OpTables op = tables_of(s.op);
   if (!args.has("inputs")) throw UsageError("expanse run needs --inputs DIR");
   if (!args.has("outputs")) throw UsageError("expanse run needs --outputs DIR");
   s.in_dir = args.get_string("inputs", "");
@@ -604,30 +431,29 @@ int cmd_run(int argc, char** argv) {
   if (s.in_dir.empty()) throw UsageError("--inputs needs a directory name");
   if (s.out_dir.empty()) throw UsageError("--outputs needs a directory name");
   s.device = static_cast<int32_t>(args.get_int("device", 0, 0, INT32_MAX));
-  s.p = static_cast<int32_t>(args.get_int("p", 2, 1, INT32_MAX));
-  s.scale = args.get_double("scale", 0.0);
-  const bool attention = s.op == EXPANSE_OP_POWER_ATTENTION;
-  s.has_chunk = args.has("chunk");
-  s.chunk = s.has_chunk ? parse_chunk(*args.value("chunk"), "--chunk", /*allow_auto=*/attention)
-                        : attention ? EXPANSE_CHUNK_AUTO : 0;
-  s.normalize = args.has("normalize") ? parse_bool(*args.value("normalize"), "--normalize") : true;
-  s.layout = parse_layout(args.get_string("layout", "sympow"), "--layout");
   s.has_dtype = args.has("dtype");
   if (s.has_dtype) s.dtype = parse_dtype(*args.value("dtype"), "--dtype");
   s.final_state = args.get_flag("final-state");
   s.check_finite = args.get_flag("check-finite");
+  if (args.has("chunk") && args.has("chunk_size")) throw UsageError("give --chunk_size or --chunk, not both");
 
-  // Options the op does not read are most likely a mistake: say so, but run.
-  const std::vector<std::string> used = op_options(s.op);
+  // The op's parameters from their options; options the op does not read are most likely a
+  // mistake: say so, but run.
+  Args op_args(s.op);
+  bool final_states = false;
+  for (const auto& t : op.tensors) final_states = final_states || is_final_state(t);
   for (const auto& name : args.given()) {
-    if (name == "inputs" || name == "outputs" || name == "backend" || name == "device" ||
-        name == "dtype" || name == "check-finite")
+    if (name == "inputs" || name == "outputs" || name == "backend" || name == "device" || name == "dtype" ||
+        name == "check-finite" || (name == "final-state" && final_states))
       continue;
-    bool ok = false;
-    for (const auto& u : used) ok = ok || (u == name);
-    if (!ok)
-      std::fprintf(stderr, "expanse: warning: --%s is not used by %s\n", name.c_str(),
-                   s.op_name.c_str());
+    const std::string param = name == "chunk" ? "chunk_size" : name;
+    bool used = false;
+    for (const auto& p : op.params)
+      if (param == p.name) {
+        op_args.set_param(p, *args.value(name));
+        used = true;
+      }
+    if (!used) std::fprintf(stderr, "expanse: warning: --%s is not used by %s\n", name.c_str(), s.op_name.c_str());
   }
 
   check_input_dir(s.in_dir);
@@ -642,7 +468,7 @@ int cmd_run(int argc, char** argv) {
   Arrays io(s);
   {
     Binder bind(ctx.get(), device_type != EXPANSE_DEVICE_CPU, device_type, s.device);
-    run_op(s, ctx.get(), bind, io);
+    run_op(s, op, op_args, ctx.get(), bind, io);
   }  // device buffers are freed here, before the context
 
   std::error_code ec;

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <string>
 
 #include "codes.hpp"
 #include "errors.hpp"
@@ -18,9 +19,9 @@ constexpr int32_t kRequired = 1, kOptional = 0;
 using D = dtype_rule;
 
 // A tensor field of struct S: name, role, required, shape rule, dtype rule, then the optional fields
-// of tensor_decl (other, flags, needs, with_normalize, group).
+// of tensor_decl (other, flags, needs, with_normalize, group). The public dtypes text is filled below.
 #define EXPANSE_TENSOR(S, field, role, required, dims, ...) \
-  tensor_decl { {#field, offsetof(S, field), role, required, dims}, __VA_ARGS__ }
+  tensor_decl { {#field, offsetof(S, field), role, required, dims, nullptr}, __VA_ARGS__ }
 // A parameter field of struct S: type, default, check, help.
 #define EXPANSE_PARAM(S, field, type, value, check, help) \
   param_decl { {#field, offsetof(S, field), type, value, help}, param_check::check }
@@ -161,8 +162,17 @@ const param_decl kPowerAttentionStepParams[] = {
 template <size_t N>
 struct tensor_infos {
   expanse_tensor_arg_info items[N];
-  explicit constexpr tensor_infos(const tensor_decl (&decls)[N]) : items{} {
-    for (size_t i = 0; i < N; ++i) items[i] = decls[i].info;
+  std::string dtypes[N];  // the text of each dtype rule, which items[i].dtypes points into
+  explicit tensor_infos(const tensor_decl (&decls)[N]) : items{} {
+    for (size_t i = 0; i < N; ++i) {
+      const tensor_decl& t = decls[i];
+      dtypes[i] = t.dtype == dtype_rule::any_float     ? "float"
+                  : t.dtype == dtype_rule::state_float ? "f32|f64"
+                  : t.dtype == dtype_rule::same_as     ? "=" + std::string(t.other)
+                                                       : "=" + std::string(t.other) + "|f64";
+      items[i] = t.info;
+      items[i].dtypes = dtypes[i].c_str();
+    }
   }
 };
 template <size_t N>

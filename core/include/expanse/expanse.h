@@ -148,6 +148,9 @@ typedef struct expanse_tensor_arg_info {
    * axis, which its tensors may also omit), "..." any number of dimensions (the same wherever it
    * appears in one op). Every tensor of a call must agree on every symbol. */
   const char* dims;
+  /* The dtype rule: "float" (f16, bf16, f32 or f64), "f32|f64", "=NAME" (the dtype of tensor NAME)
+   * or "=NAME|f64" (NAME's dtype, or f64: the outputs the reference writes as an oracle). */
+  const char* dtypes;
 } expanse_tensor_arg_info;
 
 /* Sets *args to op's table and returns its length; -1 (and *args = NULL) for an unknown op. */
