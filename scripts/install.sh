@@ -58,7 +58,7 @@ for backend in "${backends[@]}"; do
   python3 - "$demo" "$backend" <<'PY'
 import sys, numpy as np
 demo, backend = sys.argv[1:]
-o, S = np.load(f"{demo}/{backend}/o.npy"), np.load(f"{demo}/{backend}/S.npy")
+o, S = np.load(f"{demo}/{backend}/o.npy"), np.load(f"{demo}/{backend}/final_S.npy")
 print(f"o[0, :3, 0, :4] (first 3 tokens, head 0, first 4 values) on {backend}:")
 print(np.array2string(o[0, :3, 0, :4], precision=4, suppress_small=True))
 print("final state S[0, 0, :2, :4] (head 0, first 2 of D = 528 rows):")
