@@ -7,6 +7,7 @@
 #include "expanse/backend.h"
 #include "finite_check.hpp"
 #include "op_table.hpp"
+#include "expanse/expanse.hpp"
 #include "registry.hpp"
 #include "validate.hpp"
 
@@ -170,7 +171,7 @@ EXPANSE_API expanse_status expanse_resolved_chunk_size(expanse_context* ctx, con
     if (!chunk_size) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_resolved_chunk_size: argument 'chunk_size' is NULL");
     expanse_context& c = checked(ctx);
     validated_op v;
-    validate_op(EXPANSE_OP_POWER_ATTENTION, a, requirement_of(c), v);
+    validate_op(expanse::op_kind_of<expanse_power_attention_args>::value, a, requirement_of(c), v);
     *chunk_size = v.chunk_size;
   });
 }

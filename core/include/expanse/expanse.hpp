@@ -67,6 +67,17 @@ inline int64_t expanded_dim(int32_t p, int64_t d, expanse_layout layout = {EXPAN
   return D;
 }
 
+// The operation kind of an args struct: op_kind_of<expanse_power_attention_args>, ...
+template <class Args>
+struct op_kind_of;
+#define EXPANSE_OP_KIND_OF(name, NAME)                                                    \
+  template <>                                                                             \
+  struct op_kind_of<expanse_##name##_args> {                                              \
+    static constexpr expanse_op_kind value = EXPANSE_OP_##NAME;                           \
+  };
+EXPANSE_OPERATIONS(EXPANSE_OP_KIND_OF)
+#undef EXPANSE_OP_KIND_OF
+
 // Argument structs with the library's defaults.
 #define EXPANSE_ARGS_FACTORY(name, NAME)                  \
   inline expanse_##name##_args name##_args() {            \
