@@ -143,14 +143,14 @@ TEST_CASE("a sequence split in two with the state carried equals one call") {
       in2[name] = slice_tokens(in.at(name), first.t, whole.t);
     }
     const h::tensor_map out1 = h::run_on(ctx, first, in1, true);
-    in2["S0"] = out1.at("S");
-    if (whole.normalize) in2["z0"] = out1.at("z");
+    in2["initial_S"] = out1.at("final_S");
+    if (whole.normalize) in2["initial_z"] = out1.at("final_z");
     const h::tensor_map out2 = h::run_on(ctx, second, in2, true);
     INFO("p=" << p << " seed " << test_seed());
     CHECK(max_rel_error(out1.at("o"), slice_tokens(ref.at("o"), 0, first.t)) <= 1e-12);
     CHECK(max_rel_error(out2.at("o"), slice_tokens(ref.at("o"), first.t, whole.t)) <= 1e-12);
-    CHECK(max_rel_error(out2.at("S"), ref.at("S")) <= 1e-12);
-    if (whole.normalize) CHECK(max_rel_error(out2.at("z"), ref.at("z")) <= 1e-12);
+    CHECK(max_rel_error(out2.at("final_S"), ref.at("final_S")) <= 1e-12);
+    if (whole.normalize) CHECK(max_rel_error(out2.at("final_z"), ref.at("final_z")) <= 1e-12);
   }
 }
 
@@ -166,8 +166,8 @@ TEST_CASE("repeated power_attention_step equals the full sequence") {
     h::op_config step = whole;
     step.op = EXPANSE_OP_POWER_ATTENTION_STEP;
     step.t = 1;
-    h::host_tensor S = in.at("S0");
-    h::host_tensor z = whole.normalize ? in.at("z0") : h::host_tensor();
+    h::host_tensor S = in.at("initial_S");
+    h::host_tensor z = whole.normalize ? in.at("initial_z") : h::host_tensor();
     for (int64_t ti = 0; ti < whole.t; ++ti) {
       h::tensor_map sin;
       for (const char* name : {"q", "k", "v", "log_g"}) {
@@ -185,6 +185,6 @@ TEST_CASE("repeated power_attention_step equals the full sequence") {
       S = out.at("S");
       if (whole.normalize) z = out.at("z");
     }
-    CHECK(max_rel_error(S, ref.at("S")) <= 1e-12);
+    CHECK(max_rel_error(S, ref.at("final_S")) <= 1e-12);
   }
 }

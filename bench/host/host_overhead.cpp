@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     a.q = &tq, a.k = &tk, a.v = &tv, a.log_g = &tg, a.S = &tS, a.z = &tz, a.o = &to;
     const double step = seconds_per_call(calls, [&] { ctx.power_attention_step(a); });
     ctx.synchronize();
-    const double supports = seconds_per_call(calls, [&] { ctx.supports(EXPANSE_OP_POWER_ATTENTION_STEP, &a); });
+    const double supports = seconds_per_call(calls, [&] { ctx.supports(expanse::ops::power_attention_step, &a); });
     std::printf("{\"backend\": \"%s\", \"what\": \"power_attention_step b=1 h=1 d=16 e=16 p=2 f32\", "
                 "\"us_per_call\": %.3f}\n", backend.c_str(), step * 1e6);
     std::printf("{\"backend\": \"%s\", \"what\": \"expanse_supports of that step\", \"us_per_call\": %.3f}\n",

@@ -42,7 +42,7 @@ expanse::harness::op_config case_from_options(const ArgParser& args, expanse_op_
   c.d = args.get_int("d", c.d, 1, 1 << 16);
   c.e = args.get_int("e", c.e, 1, 1 << 16);
   c.p = static_cast<int32_t>(args.get_int("p", c.p, 1, 16));
-  const bool attention = op == EXPANSE_OP_POWER_ATTENTION;
+  const bool attention = op == expanse::ops::power_attention;
   if (args.has("chunk")) c.c = parse_chunk(args.get_string("chunk", ""), "--chunk", /*allow_auto=*/attention);
   else if (attention) c.c = EXPANSE_CHUNK_AUTO;  // the library's default
   if (args.has("layout")) c.layout = parse_layout(args.get_string("layout", ""), "--layout");
@@ -57,7 +57,7 @@ expanse::harness::op_config case_from_options(const ArgParser& args, expanse_op_
   c.final_state = flag("final-state", c.final_state);
   c.intra = flag("intra", c.intra);
   c.scale = args.get_double("scale", c.scale);
-  if ((op == EXPANSE_OP_UPDATE_STATE || op == EXPANSE_OP_QUERY_STATE || op == EXPANSE_OP_DISCUMSUM) && c.c < 1)
+  if ((op == expanse::ops::update_state || op == expanse::ops::query_state || op == expanse::ops::discumsum) && c.c < 1)
     c.c = 128;
   return c;
 }

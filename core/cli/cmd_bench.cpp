@@ -43,21 +43,21 @@ std::string json_escape(const std::string& s) {
 
 // Forward FLOPs by docs/performance.md's model (the chunked algorithm; quadratic for c = 0).
 double flop_count(const h::op_config& c) {
-  const double D = c.op == EXPANSE_OP_DISCUMSUM ? 0 : double(expanse::expanded_dim(c.p, c.d, c.layout));
+  const double D = c.op == expanse::ops::discumsum ? 0 : double(expanse::expanded_dim(c.p, c.d, c.layout));
   const double tokens = double(c.b) * double(c.t);
   const double chunk = c.c > 0 ? double(std::min(c.c, c.t)) : double(c.t);
   const double state = 2.0 * D * double(c.e);
   const double intra = chunk * double(c.d + c.e);  // causal half of QK^T and PV
   switch (c.op) {
-    case EXPANSE_OP_SYMPOW_EXPAND: return double(c.t) * D * c.p;
-    case EXPANSE_OP_UPDATE_STATE: return tokens * c.h * state;
-    case EXPANSE_OP_DISCUMSUM: return double(c.b) * c.h * double(h::chunk_count(c.t, std::max<int64_t>(c.c, 1))) * c.d * c.e * 2.0;
-    case EXPANSE_OP_QUERY_STATE: return tokens * c.hq * state;
-    case EXPANSE_OP_CHUNK_ATTENTION: return tokens * c.hq * intra;
-    case EXPANSE_OP_POWER_ATTENTION:
+    case expanse::ops::sympow_expand: return double(c.t) * D * c.p;
+    case expanse::ops::update_state: return tokens * c.h * state;
+    case expanse::ops::discumsum: return double(c.b) * c.h * double(h::chunk_count(c.t, std::max<int64_t>(c.c, 1))) * c.d * c.e * 2.0;
+    case expanse::ops::query_state: return tokens * c.hq * state;
+    case expanse::ops::chunk_attention: return tokens * c.hq * intra;
+    case expanse::ops::power_attention:
       if (c.c == 0) return tokens * c.hq * intra;
       return tokens * (c.h * state + c.hq * state + c.hq * intra);
-    case EXPANSE_OP_POWER_ATTENTION_STEP: return double(c.b) * (c.h * state + c.hq * state);
+    case expanse::ops::power_attention_step: return double(c.b) * (c.h * state + c.hq * state);
     case EXPANSE_OP_COUNT: break;
   }
   return 0;
@@ -91,7 +91,7 @@ struct rotation {
 // The chunk size power_attention runs with: the backend's choice for auto, read from the arguments
 // of one (untimed) run; cfg.c otherwise.
 int64_t resolved_chunk(expanse::context& ctx, h::prepared_run& run, const h::op_config& cfg) {
-  if (cfg.op != EXPANSE_OP_POWER_ATTENTION || cfg.c != EXPANSE_CHUNK_AUTO) return cfg.c;
+  if (cfg.op != expanse::ops::power_attention || cfg.c != EXPANSE_CHUNK_AUTO) return cfg.c;
   int64_t chunk = cfg.c;
   run.execute([&](void* args) {
     expanse::check(expanse_resolved_chunk_size(ctx.get(), static_cast<const expanse_power_attention_args*>(args), &chunk));
@@ -124,7 +124,7 @@ int cmd_bench(int argc, char** argv) {
   h::op_config p1;  // docs/performance.md config P1
   p1.b = 1; p1.t = 4096; p1.hq = p1.h = 8; p1.d = p1.e = 64; p1.p = 2; p1.c = 128;
   p1.dtype = EXPANSE_BF16; p1.gated = true; p1.normalize = true;
-  if (op == EXPANSE_OP_POWER_ATTENTION_STEP) p1.t = 1;
+  if (op == expanse::ops::power_attention_step) p1.t = 1;
   h::op_config base = case_from_options(args, op, p1);
 
   std::vector<int64_t> ts;

@@ -24,7 +24,7 @@ std::vector<op_config> standard_cases() {
   // sympow_expand: every layout, p = 1..6.
   for (int p = 1; p <= 6; ++p)
     for (expanse_layout layout : {kSympow, tiled(4), kTensor}) {
-      op_config c = base(EXPANSE_OP_SYMPOW_EXPAND);
+      op_config c = base(expanse::ops::sympow_expand);
       c.t = 13;
       c.d = p <= 4 ? 8 : 4;
       c.p = p;
@@ -32,7 +32,7 @@ std::vector<op_config> standard_cases() {
       cases.push_back(c);
     }
   for (expanse_dtype dt : dtypes) {
-    op_config c = base(EXPANSE_OP_SYMPOW_EXPAND);
+    op_config c = base(expanse::ops::sympow_expand);
     c.t = 5; c.d = 32; c.p = 2; c.dtype = dt; c.layout = tiled(8);
     cases.push_back(c);
   }
@@ -40,36 +40,36 @@ std::vector<op_config> standard_cases() {
   // The four core operations.
   for (int p = 1; p <= 4; ++p)
     for (expanse_layout layout : {kSympow, tiled(4), kTensor}) {
-      op_config c = base(EXPANSE_OP_UPDATE_STATE);
+      op_config c = base(expanse::ops::update_state);
       c.t = 45; c.c = 16; c.h = 2; c.d = 8; c.e = 5; c.p = p; c.layout = layout; c.gated = p % 2 == 0;
       cases.push_back(c);
     }
   for (expanse_dtype dt : dtypes) {
-    op_config c = base(EXPANSE_OP_UPDATE_STATE);
+    op_config c = base(expanse::ops::update_state);
     c.b = 2; c.t = 100; c.c = 32; c.h = 3; c.d = 16; c.e = 24; c.dtype = dt; c.layout = tiled(8);
     cases.push_back(c);
   }
   for (bool init : {false, true})
     for (expanse_dtype dt : {EXPANSE_F32, EXPANSE_BF16}) {
-      op_config c = base(EXPANSE_OP_DISCUMSUM);
+      op_config c = base(expanse::ops::discumsum);
       c.b = 2; c.t = 70; c.c = 16; c.h = 3; c.d = 6; c.e = 10; c.dtype = dt; c.initial_state = init;
       cases.push_back(c);
     }
   for (int p = 1; p <= 4; ++p)
     for (bool intra : {false, true}) {
-      op_config c = base(EXPANSE_OP_QUERY_STATE);
+      op_config c = base(expanse::ops::query_state);
       c.t = 50; c.c = 16; c.hq = 4; c.h = 2; c.d = 8; c.e = 12; c.p = p; c.normalize = p % 2 == 0; c.intra = intra;
       c.layout = p == 3 ? kTensor : tiled(4);
       cases.push_back(c);
     }
   for (int p = 1; p <= 4; ++p)
     for (int64_t chunk : {0, 16}) {
-      op_config c = base(EXPANSE_OP_CHUNK_ATTENTION);
+      op_config c = base(expanse::ops::chunk_attention);
       c.t = 41; c.c = chunk; c.hq = 4; c.h = 1; c.d = 12; c.e = 7; c.p = p; c.gated = chunk != 0 || p == 2;
       cases.push_back(c);
     }
   for (expanse_dtype dt : dtypes) {
-    op_config c = base(EXPANSE_OP_CHUNK_ATTENTION);
+    op_config c = base(expanse::ops::chunk_attention);
     c.t = 129; c.c = 64; c.hq = 2; c.h = 2; c.d = 32; c.e = 32; c.dtype = dt;
     cases.push_back(c);
   }
@@ -77,7 +77,7 @@ std::vector<op_config> standard_cases() {
   // power_attention: quadratic and chunked, every p, gating, GQA, initial/final states, ragged chunks.
   for (int p = 1; p <= 4; ++p)
     for (int64_t chunk : {0, 16}) {
-      op_config c = base(EXPANSE_OP_POWER_ATTENTION);
+      op_config c = base(expanse::ops::power_attention);
       c.t = 37; c.c = chunk; c.hq = 4; c.h = 2; c.d = 8; c.e = 6; c.p = p; c.normalize = p % 2 == 0;
       c.layout = p == 4 ? tiled(4) : kSympow;
       c.initial_state = p >= 2;
@@ -86,12 +86,12 @@ std::vector<op_config> standard_cases() {
     }
   for (expanse_dtype dt : dtypes)
     for (int64_t chunk : {0, 64}) {
-      op_config c = base(EXPANSE_OP_POWER_ATTENTION);
+      op_config c = base(expanse::ops::power_attention);
       c.b = 2; c.t = 200; c.c = chunk; c.hq = 2; c.h = 2; c.d = 32; c.e = 32; c.dtype = dt; c.layout = tiled(8);
       cases.push_back(c);
     }
   {
-    op_config c = base(EXPANSE_OP_POWER_ATTENTION);  // t = 1
+    op_config c = base(expanse::ops::power_attention);  // t = 1
     c.t = 1; c.c = 16; c.final_state = true; c.initial_state = true;
     cases.push_back(c);
     c.t = 33; c.c = 1; c.gated = false; c.initial_state = false;  // one token per chunk
@@ -106,28 +106,28 @@ std::vector<op_config> standard_cases() {
   // grouped heads, every p, the tiled and sympow layouts.
   struct fast { expanse_op_kind op; expanse_dtype dt; int p; int64_t d, e, t, c; expanse_layout layout; };
   const fast fast_cases[] = {
-      {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
-      {EXPANSE_OP_UPDATE_STATE, EXPANSE_F16, 3, 32, 32, 70, 32, tiled(8)},
-      {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 1, 128, 128, 100, 64, kSympow},
-      {EXPANSE_OP_UPDATE_STATE, EXPANSE_F16, 4, 32, 32, 40, 16, kSympow},
-      {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 2, 32, 128, 333, 256, kSympow},  // blocks, ragged last row tile
-      {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 3, 32, 64, 100, 64, tiled(8)},
-      {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 4, 32, 32, 24, 16, tiled(8)},
-      {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
-      {EXPANSE_OP_QUERY_STATE, EXPANSE_F16, 2, 128, 32, 150, 64, kSympow},
-      {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 3, 32, 128, 70, 32, tiled(8)},
-      {EXPANSE_OP_QUERY_STATE, EXPANSE_F16, 4, 32, 64, 40, 16, tiled(8)},
-      {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 4, 16, 64, 50, 32, tiled(8)},
-      {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 2, 64, 32, 520, 512, kSympow},  // 256-token tiles, ragged
-      {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
-      {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_F16, 3, 128, 32, 150, 0, tiled(8)},
-      {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_BF16, 4, 32, 128, 200, 96, tiled(8)},
-      {EXPANSE_OP_POWER_ATTENTION, EXPANSE_BF16, 2, 64, 64, 600, 128, tiled(8)},
-      {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F16, 2, 64, 64, 333, 256, kSympow},
-      {EXPANSE_OP_POWER_ATTENTION, EXPANSE_BF16, 3, 32, 32, 200, 64, tiled(8)},
-      {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F16, 1, 128, 128, 257, 0, kSympow},
-      {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 2, 32, 128, 260, 128, tiled(8)},  // e = 128 tiles, 1-2 blocks per CTA
-      {EXPANSE_OP_QUERY_STATE, EXPANSE_F16, 2, 128, 32, 150, 64, tiled(8)},  // a cluster pass with one buffer
+      {expanse::ops::update_state, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
+      {expanse::ops::update_state, EXPANSE_F16, 3, 32, 32, 70, 32, tiled(8)},
+      {expanse::ops::update_state, EXPANSE_BF16, 1, 128, 128, 100, 64, kSympow},
+      {expanse::ops::update_state, EXPANSE_F16, 4, 32, 32, 40, 16, kSympow},
+      {expanse::ops::update_state, EXPANSE_BF16, 2, 32, 128, 333, 256, kSympow},  // blocks, ragged last row tile
+      {expanse::ops::update_state, EXPANSE_BF16, 3, 32, 64, 100, 64, tiled(8)},
+      {expanse::ops::update_state, EXPANSE_BF16, 4, 32, 32, 24, 16, tiled(8)},
+      {expanse::ops::query_state, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
+      {expanse::ops::query_state, EXPANSE_F16, 2, 128, 32, 150, 64, kSympow},
+      {expanse::ops::query_state, EXPANSE_BF16, 3, 32, 128, 70, 32, tiled(8)},
+      {expanse::ops::query_state, EXPANSE_F16, 4, 32, 64, 40, 16, tiled(8)},
+      {expanse::ops::query_state, EXPANSE_BF16, 4, 16, 64, 50, 32, tiled(8)},
+      {expanse::ops::query_state, EXPANSE_BF16, 2, 64, 32, 520, 512, kSympow},  // 256-token tiles, ragged
+      {expanse::ops::chunk_attention, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
+      {expanse::ops::chunk_attention, EXPANSE_F16, 3, 128, 32, 150, 0, tiled(8)},
+      {expanse::ops::chunk_attention, EXPANSE_BF16, 4, 32, 128, 200, 96, tiled(8)},
+      {expanse::ops::power_attention, EXPANSE_BF16, 2, 64, 64, 600, 128, tiled(8)},
+      {expanse::ops::power_attention, EXPANSE_F16, 2, 64, 64, 333, 256, kSympow},
+      {expanse::ops::power_attention, EXPANSE_BF16, 3, 32, 32, 200, 64, tiled(8)},
+      {expanse::ops::power_attention, EXPANSE_F16, 1, 128, 128, 257, 0, kSympow},
+      {expanse::ops::query_state, EXPANSE_BF16, 2, 32, 128, 260, 128, tiled(8)},  // e = 128 tiles, 1-2 blocks per CTA
+      {expanse::ops::query_state, EXPANSE_F16, 2, 128, 32, 150, 64, tiled(8)},  // a cluster pass with one buffer
   };
   int variant = 0;
   for (const fast& f : fast_cases) {
@@ -136,15 +136,15 @@ std::vector<op_config> standard_cases() {
     c.hq = 4; c.h = 2;
     c.normalize = f.p % 2 == 0;
     c.gated = variant % 3 != 2;
-    c.intra = f.op == EXPANSE_OP_QUERY_STATE && variant % 2 == 0;
-    c.initial_state = f.op == EXPANSE_OP_POWER_ATTENTION && variant % 2 == 1;
-    c.final_state = f.op == EXPANSE_OP_POWER_ATTENTION;
+    c.intra = f.op == expanse::ops::query_state && variant % 2 == 0;
+    c.initial_state = f.op == expanse::ops::power_attention && variant % 2 == 1;
+    c.final_state = f.op == expanse::ops::power_attention;
     ++variant;
     cases.push_back(c);
   }
   {  // a chunk long enough that the decay exp(Gc_i) underflows f32 (Gc_i < -104) while the
      // normalized ratio of the inter-chunk terms stays well defined (no intra term to lean on)
-    op_config c = base(EXPANSE_OP_QUERY_STATE);
+    op_config c = base(expanse::ops::query_state);
     c.dtype = EXPANSE_BF16; c.p = 2; c.d = 64; c.e = 64; c.t = 555; c.c = 300; c.layout = tiled(8);
     c.b = 2; c.hq = 4; c.h = 2; c.normalize = true; c.gated = true; c.intra = false;
     cases.push_back(c);
@@ -156,19 +156,19 @@ std::vector<op_config> standard_cases() {
   // the GPU fast paths' shapes, quadratic and chunked, with states in and out.
   {
     const fast reset_cases[] = {
-        {EXPANSE_OP_UPDATE_STATE, EXPANSE_F32, 2, 8, 5, 45, 16, kSympow},
-        {EXPANSE_OP_UPDATE_STATE, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
-        {EXPANSE_OP_DISCUMSUM, EXPANSE_F32, 2, 6, 10, 70, 16, kSympow},
-        {EXPANSE_OP_QUERY_STATE, EXPANSE_F32, 2, 8, 12, 50, 16, tiled(4)},
-        {EXPANSE_OP_QUERY_STATE, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
-        {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_F32, 3, 12, 7, 41, 16, kSympow},
-        {EXPANSE_OP_CHUNK_ATTENTION, EXPANSE_BF16, 2, 64, 64, 300, 0, tiled(8)},
-        {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F32, 2, 8, 6, 37, 0, kSympow},
-        {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F32, 2, 8, 6, 37, 16, kSympow},
-        {EXPANSE_OP_POWER_ATTENTION, EXPANSE_BF16, 2, 64, 64, 600, 128, tiled(8)},
-        {EXPANSE_OP_POWER_ATTENTION, EXPANSE_F16, 2, 64, 64, 333, 0, kSympow},
-        {EXPANSE_OP_POWER_ATTENTION_STEP, EXPANSE_F32, 1, 8, 6, 1, 0, kSympow},
-        {EXPANSE_OP_POWER_ATTENTION_STEP, EXPANSE_BF16, 2, 32, 32, 1, 0, tiled(8)},
+        {expanse::ops::update_state, EXPANSE_F32, 2, 8, 5, 45, 16, kSympow},
+        {expanse::ops::update_state, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
+        {expanse::ops::discumsum, EXPANSE_F32, 2, 6, 10, 70, 16, kSympow},
+        {expanse::ops::query_state, EXPANSE_F32, 2, 8, 12, 50, 16, tiled(4)},
+        {expanse::ops::query_state, EXPANSE_BF16, 2, 64, 64, 300, 128, tiled(8)},
+        {expanse::ops::chunk_attention, EXPANSE_F32, 3, 12, 7, 41, 16, kSympow},
+        {expanse::ops::chunk_attention, EXPANSE_BF16, 2, 64, 64, 300, 0, tiled(8)},
+        {expanse::ops::power_attention, EXPANSE_F32, 2, 8, 6, 37, 0, kSympow},
+        {expanse::ops::power_attention, EXPANSE_F32, 2, 8, 6, 37, 16, kSympow},
+        {expanse::ops::power_attention, EXPANSE_BF16, 2, 64, 64, 600, 128, tiled(8)},
+        {expanse::ops::power_attention, EXPANSE_F16, 2, 64, 64, 333, 0, kSympow},
+        {expanse::ops::power_attention_step, EXPANSE_F32, 1, 8, 6, 1, 0, kSympow},
+        {expanse::ops::power_attention_step, EXPANSE_BF16, 2, 32, 32, 1, 0, tiled(8)},
     };
     for (const fast& f : reset_cases) {
       op_config c = base(f.op);
@@ -180,24 +180,24 @@ std::vector<op_config> standard_cases() {
       // the f64 reference missed the naive oracle's 1e-12 by up to 2.5x on such rows (a chunked P1
       // case, one seed in about twenty), the f32 kernels 1e-5 likewise. Unnormalized outputs are
       // compared over the whole tensor, where those rows weigh nothing.
-      const bool queries_states = f.op == EXPANSE_OP_QUERY_STATE || f.op == EXPANSE_OP_POWER_ATTENTION_STEP ||
-                                  (f.op == EXPANSE_OP_POWER_ATTENTION && f.c > 0);
+      const bool queries_states = f.op == expanse::ops::query_state || f.op == expanse::ops::power_attention_step ||
+                                  (f.op == expanse::ops::power_attention && f.c > 0);
       c.normalize = f.p % 2 == 0 && !queries_states;
-      c.intra = f.op == EXPANSE_OP_QUERY_STATE;
-      c.initial_state = c.final_state = f.op == EXPANSE_OP_POWER_ATTENTION;
+      c.intra = f.op == expanse::ops::query_state;
+      c.initial_state = c.final_state = f.op == expanse::ops::power_attention;
       cases.push_back(c);
     }
   }
 
   // power_attention_step.
   for (int p = 1; p <= 4; ++p) {
-    op_config c = base(EXPANSE_OP_POWER_ATTENTION_STEP);
+    op_config c = base(expanse::ops::power_attention_step);
     c.b = 2; c.hq = 4; c.h = 2; c.d = 8; c.e = 6; c.p = p; c.normalize = p % 2 == 0; c.t = 1;
     c.layout = p == 2 ? tiled(4) : kSympow;
     cases.push_back(c);
   }
   for (expanse_dtype dt : dtypes) {
-    op_config c = base(EXPANSE_OP_POWER_ATTENTION_STEP);
+    op_config c = base(expanse::ops::power_attention_step);
     c.b = 3; c.hq = 2; c.h = 2; c.d = 32; c.e = 32; c.t = 1; c.dtype = dt; c.layout = tiled(8);
     cases.push_back(c);
   }

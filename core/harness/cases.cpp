@@ -2,6 +2,8 @@
 #include "cases.hpp"
 
 #include <cmath>
+#include <cstring>
+#include <stdexcept>
 #include <limits>
 #include <sstream>
 
@@ -49,7 +51,7 @@ host_tensor cast(const host_tensor& src, expanse_dtype dtype) {
 // and, for even p, a positive denominator phi(q)^T z.
 void random_state(const op_config& cfg, std::mt19937_64& rng, host_tensor& S, host_tensor& z) {
   op_config prefix = cfg;
-  prefix.op = EXPANSE_OP_POWER_ATTENTION;
+  prefix.op = expanse::ops::power_attention;
   prefix.t = 7;
   prefix.hq = cfg.h;
   prefix.initial_state = false;
@@ -62,8 +64,27 @@ void random_state(const op_config& cfg, std::mt19937_64& rng, host_tensor& S, ho
   if (cfg.gated) in["log_g"] = log_gate_tensor(EXPANSE_F64, {cfg.b, prefix.t, cfg.h}, rng, cfg.resets);
   prefix.gated = cfg.gated;
   tensor_map out = naive::run(prefix, in);
-  S = cast(out.at("S"), state_dtype(cfg));
-  z = cast(out.at("z"), state_dtype(cfg));
+  S = cast(out.at("final_S"), state_dtype(cfg));
+  z = cast(out.at("final_z"), state_dtype(cfg));
+}
+
+// The config's parameters into an op's args struct, by the names of the library's table: p, scale,
+// chunk_size (cfg.c), normalize and layout, where the op has them.
+void fill_params(const op_config& cfg, const std::vector<expanse_param_info>& params, void* args) {
+  for (const expanse_param_info& p : params) {
+    char* at = static_cast<char*>(args) + p.offset;
+    const std::string name = p.name;
+    if (name == "p") std::memcpy(at, &cfg.p, sizeof(cfg.p));
+    else if (name == "scale") std::memcpy(at, &cfg.scale, sizeof(cfg.scale));
+    else if (name == "chunk_size") std::memcpy(at, &cfg.c, sizeof(cfg.c));
+    else if (name == "layout") std::memcpy(at, &cfg.layout, sizeof(cfg.layout));
+    else if (name == "normalize") {
+      const int32_t v = cfg.normalize ? 1 : 0;
+      std::memcpy(at, &v, sizeof(v));
+    } else {
+      throw std::logic_error("harness: no config field for parameter " + name);
+    }
+  }
 }
 
 }  // namespace
@@ -82,200 +103,209 @@ std::string op_config::label() const {
   return s.str();
 }
 
+namespace {
+
+// The library's tables of an operation.
+struct op_tables {
+  std::vector<expanse_tensor_arg_info> tensors;
+  std::vector<expanse_param_info> params;
+};
+
+op_tables tables_of(expanse_op_kind op) {
+  const expanse_tensor_arg_info* t = nullptr;
+  const expanse_param_info* p = nullptr;
+  const int32_t nt = expanse_op_tensor_args(op, &t), np = expanse_op_params(op, &p);
+  if (nt < 0) throw std::invalid_argument("harness: unknown operation " + std::to_string(int(op)));
+  return {{t, t + nt}, {p, p + std::max(np, 0)}};
+}
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Whether a config gives tensor t: required ones always; log_g when gated; initial states (and
+// discumsum's Y_init) with initial_state, final states with final_state; the intra-chunk inputs
+// with intra; a normalizer (z, *_z) given as an input, initial or final state also needs normalize;
+// other optional outputs always.
+bool gives(const op_config& cfg, const expanse_tensor_arg_info& t) {
+  if (t.required) return true;
+  const std::string name = t.name;
+  const bool normalizer = name == "z" || (name.size() > 2 && name.compare(name.size() - 2, 2, "_z") == 0);
+  if (name == "log_g") return cfg.gated;
+  if (starts_with(name, "initial_") || name == "Y_init") return cfg.initial_state && (!normalizer || cfg.normalize);
+  if (starts_with(name, "final_")) return cfg.final_state && (!normalizer || cfg.normalize);
+  if (t.role == EXPANSE_ARG_OUTPUT) return true;  // update_state's z
+  if (normalizer) return cfg.normalize;
+  return cfg.intra;  // query_state's y, l, rowmax
+}
+
+std::vector<std::string> words(const char* dims) {
+  std::vector<std::string> w;
+  std::istringstream in(dims);
+  for (std::string x; in >> x;) w.push_back(x);
+  return w;
+}
+
+// A tensor's shape for a config by its shape rule. "..." stands for [t] where the rule leads with it
+// (sympow_expand's rows) and for [d, e] where it trails (discumsum's trailing dims); the "1" axis of
+// a decoding step is omitted, as callers may.
+std::vector<int64_t> shape_for(const op_config& cfg, const char* dims) {
+  const std::vector<std::string> w = words(dims);
+  std::vector<int64_t> shape;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const std::string& x = w[i];
+    if (x == "...") {
+      if (i == 0) shape.push_back(cfg.t);
+      else shape.insert(shape.end(), {cfg.d, cfg.e});
+    } else if (x == "1") {
+      continue;
+    } else if (x == "D") {
+      shape.push_back(expanse::expanded_dim(cfg.p, cfg.d, cfg.layout));
+    } else if (x == "n" || x == "n+1") {
+      shape.push_back(chunk_count(cfg) + (x == "n+1"));
+    } else {
+      const std::map<std::string, int64_t> sizes = {{"b", cfg.b}, {"t", cfg.t}, {"hq", cfg.hq},
+                                                    {"h", cfg.h}, {"d", cfg.d}, {"e", cfg.e}};
+      shape.push_back(sizes.at(x));
+    }
+  }
+  return shape;
+}
+
+// A tensor's dtype in a config by its dtype rule: token tensors in cfg.dtype, gates and states f32
+// (f64 when the whole problem is f64), "=NAME" as NAME.
+expanse_dtype dtype_for(const op_config& cfg, const op_tables& op, const expanse_tensor_arg_info& t) {
+  const std::string rule = t.dtypes;
+  if (rule == "float") return cfg.dtype;
+  if (rule == "f32|f64") return state_dtype(cfg);
+  const std::string other = rule.substr(1, rule.find('|') == std::string::npos ? std::string::npos : rule.find('|') - 1);
+  for (const auto& o : op.tensors)
+    if (other == o.name) return dtype_for(cfg, op, o);
+  throw std::logic_error("harness: dtype rule " + rule + " names no tensor");
+}
+
+// A state [b,h,D,e] or normalizer [b,h,D] entering a sequence (power_attention's initial state, a
+// decoding step's state).
+bool is_entering_state(const expanse_tensor_arg_info& t) {
+  const std::string dims = t.dims;
+  return dims == "b h D e" || dims == "b h D";
+}
+// Chunk states [b,n,h,D,e] / [b,n,h,D] as inputs (query_state's S, z).
+bool is_chunk_state(const expanse_tensor_arg_info& t) {
+  const std::string dims = t.dims;
+  return t.role == EXPANSE_ARG_INPUT && (dims == "b n h D e" || dims == "b n h D");
+}
+bool is_gate(const expanse_tensor_arg_info& t) { return std::string(t.name) == "log_g" || std::string(t.name) == "A"; }
+
+// query_state's consistent inputs: the states entering each chunk and the intra-chunk result of one
+// random sequence (k, v drawn here), computed by the naive oracle.
+void consistent_query_inputs(const op_config& cfg, std::mt19937_64& rng, tensor_map& in) {
+  const expanse_dtype dt = cfg.dtype, st = state_dtype(cfg);
+  const int64_t n = chunk_count(cfg), D = expanse::expanded_dim(cfg.p, cfg.d, cfg.layout);
+  in["k"] = normal_tensor(dt, {cfg.b, cfg.t, cfg.h, cfg.d}, rng);
+  in["v"] = normal_tensor(dt, {cfg.b, cfg.t, cfg.h, cfg.e}, rng);
+  op_config u = cfg;
+  u.op = expanse::ops::update_state;
+  tensor_map local = naive::run(u, in);
+  // discumsum over [b,n,h,D,e] and [b,n,h,D]: A_m is the chunk's total log-gate.
+  host_tensor A = host_tensor::zeros(EXPANSE_F64, {cfg.b, n, cfg.h});
+  for (int64_t bi = 0; bi < cfg.b; ++bi)
+    for (int64_t hi = 0; hi < cfg.h; ++hi)
+      for (int64_t m = 0; m < n; ++m) {
+        double sum = 0;
+        for (int64_t j = m * cfg.c; j < std::min(cfg.t, (m + 1) * cfg.c); ++j)
+          if (cfg.gated) sum += in["log_g"].get((bi * cfg.t + j) * cfg.h + hi);
+        A.set((bi * n + m) * cfg.h + hi, sum);
+      }
+  auto entering = [&](const host_tensor& X, int64_t inner) {  // Y[:, :n] of discumsum, naive
+    std::vector<int64_t> shape = {cfg.b, n, cfg.h, D};
+    if (inner > 1) shape.push_back(inner);
+    host_tensor Y = host_tensor::zeros(st, shape);
+    const int64_t row = D * inner;
+    for (int64_t bi = 0; bi < cfg.b; ++bi)
+      for (int64_t hi = 0; hi < cfg.h; ++hi) {
+        std::vector<double> acc(static_cast<size_t>(row), 0.0);
+        for (int64_t m = 0; m < n; ++m) {
+          const int64_t base = ((bi * n + m) * cfg.h + hi) * row;
+          for (int64_t i = 0; i < row; ++i) Y.set(base + i, acc[size_t(i)]);
+          const double g = std::exp(A.get((bi * n + m) * cfg.h + hi));
+          for (int64_t i = 0; i < row; ++i) acc[size_t(i)] = g * acc[size_t(i)] + X.get(base + i);
+        }
+      }
+    return Y;
+  };
+  in["S"] = entering(local.at("S"), cfg.e);
+  if (cfg.normalize) in["z"] = entering(local.at("z"), 1);
+  if (cfg.intra) {
+    op_config ca = cfg;
+    ca.op = expanse::ops::chunk_attention;
+    tensor_map intra = naive::run(ca, in);
+    for (const char* name : {"y", "l", "rowmax"}) in[name] = cast(intra.at(name), st);
+  }
+  in.erase("k");
+  in.erase("v");
+}
+
+}  // namespace
+
 tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent) {
   std::mt19937_64 rng(seed);
-  const expanse_dtype dt = cfg.dtype, st = state_dtype(cfg);
-  const int64_t n = chunk_count(cfg);
+  const op_tables op = tables_of(cfg.op);
   tensor_map in;
-  auto tokens = [&](bool with_q) {
-    if (with_q) in["q"] = normal_tensor(dt, {cfg.b, cfg.t, cfg.hq, cfg.d}, rng);
-    in["k"] = normal_tensor(dt, {cfg.b, cfg.t, cfg.h, cfg.d}, rng);
-    in["v"] = normal_tensor(dt, {cfg.b, cfg.t, cfg.h, cfg.e}, rng);
-    if (cfg.gated) in["log_g"] = log_gate_tensor(st, {cfg.b, cfg.t, cfg.h}, rng, cfg.resets);
-  };
-  switch (cfg.op) {
-    case EXPANSE_OP_SYMPOW_EXPAND:
-      in["x"] = normal_tensor(dt, {cfg.t, cfg.d}, rng);
-      break;
-    case EXPANSE_OP_UPDATE_STATE:
-      tokens(false);
-      break;
-    case EXPANSE_OP_DISCUMSUM:
-      in["X"] = normal_tensor(dt, {cfg.b, n, cfg.h, cfg.d, cfg.e}, rng);
-      in["A"] = log_gate_tensor(st, {cfg.b, n, cfg.h}, rng, cfg.resets);
-      if (cfg.initial_state) in["Y_init"] = normal_tensor(dt, {cfg.b, cfg.h, cfg.d, cfg.e}, rng);
-      break;
-    case EXPANSE_OP_QUERY_STATE: {
-      // Consistent inputs: states entering each chunk and the intra-chunk result of one random
-      // sequence, computed by the naive oracle.
-      tokens(true);
-      const int64_t D = expanse::expanded_dim(cfg.p, cfg.d, cfg.layout);
-      if (!consistent) {
-        in["S"] = normal_tensor(st, {cfg.b, n, cfg.h, D, cfg.e}, rng);
-        if (cfg.normalize) in["z"] = normal_tensor(st, {cfg.b, n, cfg.h, D}, rng);
-        if (cfg.intra) {
-          in["y"] = normal_tensor(st, {cfg.b, cfg.t, cfg.hq, cfg.e}, rng);
-          in["l"] = normal_tensor(st, {cfg.b, cfg.t, cfg.hq}, rng);
-          in["rowmax"] = normal_tensor(st, {cfg.b, cfg.t, cfg.hq}, rng);
-        }
-        in.erase("k");
-        in.erase("v");
-        break;
-      }
-      op_config u = cfg;
-      u.op = EXPANSE_OP_UPDATE_STATE;
-      tensor_map local = naive::run(u, in);
-      // discumsum over [b,n,h,D,e] and [b,n,h,D]: A_m is the chunk's total log-gate.
-      host_tensor A = host_tensor::zeros(EXPANSE_F64, {cfg.b, n, cfg.h});
-      for (int64_t bi = 0; bi < cfg.b; ++bi)
-        for (int64_t hi = 0; hi < cfg.h; ++hi)
-          for (int64_t m = 0; m < n; ++m) {
-            double sum = 0;
-            for (int64_t j = m * cfg.c; j < std::min(cfg.t, (m + 1) * cfg.c); ++j)
-              if (cfg.gated) sum += in["log_g"].get((bi * cfg.t + j) * cfg.h + hi);
-            A.set((bi * n + m) * cfg.h + hi, sum);
-          }
-      auto entering = [&](const host_tensor& X, int64_t inner) {  // Y[:, :n] of discumsum, naive
-        std::vector<int64_t> shape = {cfg.b, n, cfg.h, D};
-        if (inner > 1) shape.push_back(inner);
-        host_tensor Y = host_tensor::zeros(st, shape);
-        const int64_t row = D * inner;
-        for (int64_t bi = 0; bi < cfg.b; ++bi)
-          for (int64_t hi = 0; hi < cfg.h; ++hi) {
-            std::vector<double> acc(static_cast<size_t>(row), 0.0);
-            for (int64_t m = 0; m < n; ++m) {
-              const int64_t base = ((bi * n + m) * cfg.h + hi) * row;
-              for (int64_t i = 0; i < row; ++i) Y.set(base + i, acc[size_t(i)]);
-              const double g = std::exp(A.get((bi * n + m) * cfg.h + hi));
-              for (int64_t i = 0; i < row; ++i) acc[size_t(i)] = g * acc[size_t(i)] + X.get(base + i);
-            }
-          }
-        return Y;
-      };
-      in["S"] = entering(local.at("S"), cfg.e);
-      if (cfg.normalize) in["z"] = entering(local.at("z"), 1);
-      if (cfg.intra) {
-        op_config ca = cfg;
-        ca.op = EXPANSE_OP_CHUNK_ATTENTION;
-        tensor_map intra = naive::run(ca, in);
-        for (const char* name : {"y", "l", "rowmax"}) in[name] = cast(intra.at(name), st);
-      }
-      in.erase("k");
-      in.erase("v");
-      break;
-    }
-    case EXPANSE_OP_CHUNK_ATTENTION:
-      tokens(true);
-      break;
-    case EXPANSE_OP_POWER_ATTENTION:
-      tokens(true);
-      if (cfg.initial_state) {
-        host_tensor S, z;
-        random_state(cfg, rng, S, z);
-        in["S0"] = S;
-        if (cfg.normalize) in["z0"] = z;
-      }
-      break;
-    case EXPANSE_OP_POWER_ATTENTION_STEP: {
-      in["q"] = normal_tensor(dt, {cfg.b, cfg.hq, cfg.d}, rng);
-      in["k"] = normal_tensor(dt, {cfg.b, cfg.h, cfg.d}, rng);
-      in["v"] = normal_tensor(dt, {cfg.b, cfg.h, cfg.e}, rng);
-      if (cfg.gated) in["log_g"] = log_gate_tensor(st, {cfg.b, cfg.h}, rng, cfg.resets);
-      host_tensor S, z;
-      random_state(cfg, rng, S, z);
-      in["S"] = S;
-      if (cfg.normalize) in["z"] = z;
-      break;
-    }
-    case EXPANSE_OP_COUNT: break;
+  bool chunk_states = false, entering_state = false;
+  for (const auto& [name, spec] : input_specs(cfg)) {
+    const expanse_tensor_arg_info* t = nullptr;
+    for (const auto& o : op.tensors)
+      if (name == o.name) t = &o;
+    if (is_gate(*t)) in[name] = log_gate_tensor(spec.dtype, spec.shape, rng, cfg.resets);
+    else in[name] = normal_tensor(spec.dtype, spec.shape, rng);
+    chunk_states = chunk_states || is_chunk_state(*t);
+    entering_state = entering_state || is_entering_state(*t);
   }
+  // Realistic states: from a short random sequence (so that, for even p, phi(q)^T z > 0).
+  if (entering_state) {
+    host_tensor S, z;
+    random_state(cfg, rng, S, z);
+    for (const auto& t : op.tensors)
+      if (is_entering_state(t) && in.count(t.name)) in[t.name] = std::string(t.dims) == "b h D e" ? S : z;
+  }
+  if (chunk_states && consistent) consistent_query_inputs(cfg, rng, in);
   return in;
 }
 
 spec_map input_specs(const op_config& cfg) {
-  const expanse_dtype dt = cfg.dtype, st = state_dtype(cfg);
-  const int64_t n = chunk_count(cfg), b = cfg.b, t = cfg.t, h = cfg.h, hq = cfg.hq, d = cfg.d, e = cfg.e;
-  auto D = [&] { return expanse::expanded_dim(cfg.p, d, cfg.layout); };
+  const op_tables op = tables_of(cfg.op);
   spec_map in;
-  auto tokens = [&](bool with_q, bool with_kv) {
-    if (with_q) in["q"] = {dt, {b, t, hq, d}};
-    if (with_kv) {
-      in["k"] = {dt, {b, t, h, d}};
-      in["v"] = {dt, {b, t, h, e}};
-    }
-    if (cfg.gated) in["log_g"] = {st, {b, t, h}};
-  };
-  switch (cfg.op) {
-    case EXPANSE_OP_SYMPOW_EXPAND: in["x"] = {dt, {t, d}}; break;
-    case EXPANSE_OP_UPDATE_STATE: tokens(false, true); break;
-    case EXPANSE_OP_DISCUMSUM:
-      in["X"] = {dt, {b, n, h, d, e}};
-      in["A"] = {st, {b, n, h}};
-      if (cfg.initial_state) in["Y_init"] = {dt, {b, h, d, e}};
-      break;
-    case EXPANSE_OP_QUERY_STATE:
-      tokens(true, false);
-      in["S"] = {st, {b, n, h, D(), e}};
-      if (cfg.normalize) in["z"] = {st, {b, n, h, D()}};
-      if (cfg.intra) {
-        in["y"] = {st, {b, t, hq, e}};
-        in["l"] = {st, {b, t, hq}};
-        in["rowmax"] = {st, {b, t, hq}};
-      }
-      break;
-    case EXPANSE_OP_CHUNK_ATTENTION: tokens(true, true); break;
-    case EXPANSE_OP_POWER_ATTENTION:
-      tokens(true, true);
-      if (cfg.initial_state) {
-        in["S0"] = {st, {b, h, D(), e}};
-        if (cfg.normalize) in["z0"] = {st, {b, h, D()}};
-      }
-      break;
-    case EXPANSE_OP_POWER_ATTENTION_STEP:
-      in["q"] = {dt, {b, hq, d}};
-      in["k"] = {dt, {b, h, d}};
-      in["v"] = {dt, {b, h, e}};
-      if (cfg.gated) in["log_g"] = {st, {b, h}};
-      in["S"] = {st, {b, h, D(), e}};
-      if (cfg.normalize) in["z"] = {st, {b, h, D()}};
-      break;
-    case EXPANSE_OP_COUNT: break;
-  }
+  for (const auto& t : op.tensors)
+    if (t.role != EXPANSE_ARG_OUTPUT && gives(cfg, t)) in[t.name] = {dtype_for(cfg, op, t), shape_for(cfg, t.dims)};
   return in;
 }
 
 spec_map output_specs(const op_config& cfg, bool oracle) {
-  const expanse_dtype token = oracle ? EXPANSE_F64 : cfg.dtype;
-  const expanse_dtype st = oracle ? EXPANSE_F64 : state_dtype(cfg);
-  const int64_t n = chunk_count(cfg), b = cfg.b, t = cfg.t, h = cfg.h, hq = cfg.hq, e = cfg.e;
-  auto D = [&] { return expanse::expanded_dim(cfg.p, cfg.d, cfg.layout); };
+  // The shapes (and native dtypes) are the library's: expanse_output_shape on views of the inputs
+  // at distinct addresses that hold nothing (it reads no data).
+  const op_tables op = tables_of(cfg.op);
+  const spec_map inputs = input_specs(cfg);
+  std::vector<unsigned char> args(expanse_op_args_size(cfg.op) + 16);
+  void* a = args.data() + (16 - reinterpret_cast<uintptr_t>(args.data()) % 16) % 16;
+  expanse::check(expanse_op_args_init(cfg.op, a));
+  fill_params(cfg, op.params, a);
+  std::map<std::string, expanse_tensor> views;
+  uintptr_t next = uintptr_t(1) << 20;
+  for (const auto& t : op.tensors) {
+    auto it = inputs.find(t.name);
+    if (t.role != EXPANSE_ARG_INPUT || it == inputs.end()) continue;
+    views[t.name] = expanse::tensor_of(reinterpret_cast<void*>(next), it->second.dtype, it->second.shape, EXPANSE_DEVICE_CPU);
+    next += 4096;
+    const expanse_tensor* view = &views[t.name];
+    std::memcpy(static_cast<char*>(a) + t.offset, &view, sizeof(view));
+  }
   spec_map out;
-  switch (cfg.op) {
-    case EXPANSE_OP_SYMPOW_EXPAND: out["out"] = {token, {t, D()}}; break;
-    case EXPANSE_OP_UPDATE_STATE:
-      out["S"] = {st, {b, n, h, D(), e}};
-      out["z"] = {st, {b, n, h, D()}};
-      break;
-    case EXPANSE_OP_DISCUMSUM: out["Y"] = {st, {b, n + 1, h, cfg.d, e}}; break;
-    case EXPANSE_OP_QUERY_STATE: out["o"] = {token, {b, t, hq, e}}; break;
-    case EXPANSE_OP_CHUNK_ATTENTION:
-      out["y"] = {st, {b, t, hq, e}};
-      out["l"] = {st, {b, t, hq}};
-      out["rowmax"] = {st, {b, t, hq}};
-      break;
-    case EXPANSE_OP_POWER_ATTENTION:
-      out["o"] = {token, {b, t, hq, e}};
-      if (cfg.final_state) {
-        out["S"] = {st, {b, h, D(), e}};
-        if (cfg.normalize) out["z"] = {st, {b, h, D()}};
-      }
-      break;
-    case EXPANSE_OP_POWER_ATTENTION_STEP:
-      out["o"] = {token, {b, hq, e}};
-      out["S"] = {st, {b, h, D(), e}};
-      if (cfg.normalize) out["z"] = {st, {b, h, D()}};
-      break;
-    case EXPANSE_OP_COUNT: break;
+  for (int32_t i = 0; i < int32_t(op.tensors.size()); ++i) {
+    const expanse_tensor_arg_info& t = op.tensors[size_t(i)];
+    if (t.role == EXPANSE_ARG_INPUT || !gives(cfg, t)) continue;
+    int32_t ndim = 0, dtype = 0;
+    int64_t shape[EXPANSE_MAX_DIMS] = {};
+    expanse::check(expanse_output_shape(cfg.op, a, i, &ndim, shape, &dtype));
+    out[t.name] = {oracle ? EXPANSE_F64 : static_cast<expanse_dtype>(dtype), {shape, shape + ndim}};
   }
   return out;
 }
@@ -299,7 +329,7 @@ prepared_run::prepared_run(expanse::context& ctx, const op_config& cfg, const te
   for (const auto& [name, h] : outputs_) {
     auto it = inputs.find(name);
     host_tensor initial = h;
-    if (cfg.op == EXPANSE_OP_POWER_ATTENTION_STEP && it != inputs.end()) {
+    if (it != inputs.end()) {
       initial = cast(it->second, h.dtype);  // the state is updated in place: start from the input state
     } else {
       for (int64_t i = 0; i < h.numel(); ++i) initial.set(i, std::numeric_limits<double>::quiet_NaN());  // poison
@@ -347,69 +377,19 @@ expanse_tensor* prepared_run::out(const char* name) {
 }
 
 void prepared_run::execute(const std::function<void(void* args)>& adjust) {
-  const op_config& cfg = cfg_;
-  expanse::context& ctx = ctx_;
-  switch (cfg.op) {
-    case EXPANSE_OP_SYMPOW_EXPAND: {
-      auto a = expanse::sympow_expand_args();
-      a.x = in("x"); a.out = out("out"); a.p = cfg.p; a.layout = cfg.layout;
-      if (adjust) adjust(&a);
-      ctx.sympow_expand(a);
-      break;
-    }
-    case EXPANSE_OP_UPDATE_STATE: {
-      auto a = expanse::update_state_args();
-      a.k = in("k"); a.v = in("v"); a.log_g = in("log_g"); a.S = out("S"); a.z = out("z");
-      a.p = cfg.p; a.chunk_size = cfg.c; a.layout = cfg.layout;
-      if (adjust) adjust(&a);
-      ctx.update_state(a);
-      break;
-    }
-    case EXPANSE_OP_DISCUMSUM: {
-      auto a = expanse::discumsum_args();
-      a.X = in("X"); a.A = in("A"); a.Y_init = in("Y_init"); a.Y = out("Y");
-      if (adjust) adjust(&a);
-      ctx.discumsum(a);
-      break;
-    }
-    case EXPANSE_OP_QUERY_STATE: {
-      auto a = expanse::query_state_args();
-      a.q = in("q"); a.S = in("S"); a.z = in("z"); a.log_g = in("log_g");
-      a.y = in("y"); a.l = in("l"); a.rowmax = in("rowmax"); a.o = out("o");
-      a.p = cfg.p; a.scale = cfg.scale; a.chunk_size = cfg.c; a.normalize = cfg.normalize; a.layout = cfg.layout;
-      if (adjust) adjust(&a);
-      ctx.query_state(a);
-      break;
-    }
-    case EXPANSE_OP_CHUNK_ATTENTION: {
-      auto a = expanse::chunk_attention_args();
-      a.q = in("q"); a.k = in("k"); a.v = in("v"); a.log_g = in("log_g");
-      a.y = out("y"); a.l = out("l"); a.rowmax = out("rowmax");
-      a.p = cfg.p; a.scale = cfg.scale; a.chunk_size = cfg.c;
-      if (adjust) adjust(&a);
-      ctx.chunk_attention(a);
-      break;
-    }
-    case EXPANSE_OP_POWER_ATTENTION: {
-      auto a = expanse::power_attention_args();
-      a.q = in("q"); a.k = in("k"); a.v = in("v"); a.log_g = in("log_g");
-      a.initial_S = in("S0"); a.initial_z = in("z0"); a.o = out("o"); a.final_S = out("S"); a.final_z = out("z");
-      a.p = cfg.p; a.scale = cfg.scale; a.chunk_size = cfg.c; a.normalize = cfg.normalize; a.layout = cfg.layout;
-      if (adjust) adjust(&a);
-      ctx.power_attention(a);
-      break;
-    }
-    case EXPANSE_OP_POWER_ATTENTION_STEP: {
-      auto a = expanse::power_attention_step_args();
-      a.q = in("q"); a.k = in("k"); a.v = in("v"); a.log_g = in("log_g");
-      a.S = out("S"); a.z = out("z"); a.o = out("o");
-      a.p = cfg.p; a.scale = cfg.scale; a.normalize = cfg.normalize; a.layout = cfg.layout;
-      if (adjust) adjust(&a);
-      ctx.power_attention_step(a);
-      break;
-    }
-    case EXPANSE_OP_COUNT: break;
+  // The op's args filled by name through the library's tables: inputs from "in:", outputs and
+  // in-place states from "out:", parameters from the config.
+  const op_tables op = tables_of(cfg_.op);
+  std::vector<unsigned char> storage(expanse_op_args_size(cfg_.op) + 16);
+  void* args = storage.data() + (16 - reinterpret_cast<uintptr_t>(storage.data()) % 16) % 16;
+  expanse::check(expanse_op_args_init(cfg_.op, args));
+  fill_params(cfg_, op.params, args);
+  for (const auto& t : op.tensors) {
+    const expanse_tensor* view = t.role == EXPANSE_ARG_INPUT ? in(t.name) : out(t.name);
+    std::memcpy(static_cast<char*>(args) + t.offset, &view, sizeof(view));
   }
+  if (adjust) adjust(args);
+  ctx_.run(cfg_.op, args);
 }
 
 tensor_map prepared_run::download() const {

@@ -14,17 +14,14 @@
 
 namespace expanse::harness {
 
-// One problem of one operation. Tensor names (also the .npy names of `expanse run`):
-//   sympow_expand        in x [rows,d]                         out out [rows,D]
-//   update_state         in k, v, log_g?                       out S [b,n,h,D,e], z [b,n,h,D]
-//   discumsum            in X [b,n,h,d,e], A [b,n,h], Y_init?  out Y [b,n+1,h,d,e]
-//   query_state          in q, S, z?, log_g?, y?, l?, rowmax?  out o
-//   chunk_attention      in q, k, v, log_g?                    out y, l, rowmax
-//   power_attention      in q, k, v, log_g?, S0?, z0?          out o, S?, z?
-//   power_attention_step in q [b,hq,d], k, v, log_g?, S, z?     out o, S, z?
-// (discumsum uses d and e as its two trailing dims; sympow_expand uses t as the row count.)
+// One problem of one operation. Its tensors carry the names, shape rules and dtype rules of the
+// library's tables (expanse_op_tensor_args): input shapes follow from the config's sizes (sympow_expand
+// reads t as its row count; discumsum has d and e as its two trailing dims), output shapes come from
+// the library (expanse_output_shape). Which optional tensors a config has: log_g with `gated`,
+// initial states (and discumsum's Y_init) with `initial_state`, final states with `final_state`,
+// query_state's y, l, rowmax with `intra`, a normalizer (z, *_z) only with `normalize`.
 struct op_config {
-  expanse_op_kind op = EXPANSE_OP_POWER_ATTENTION;
+  expanse_op_kind op = expanse::ops::power_attention;
   int64_t b = 1, t = 64, hq = 2, h = 2, d = 16, e = 16;
   int32_t p = 2;
   int64_t c = 0;  // chunk size; 0 = quadratic / whole sequence where allowed; power_attention also

@@ -131,21 +131,33 @@ std::vector<double> phi(const std::vector<double>& x, int32_t p, expanse_layout 
   return std::vector<double>(f.begin(), f.end());
 }
 
-tensor_map run(const op_config& cfg, const tensor_map& inputs) {
-  const reader in(inputs);
-  const int64_t b = cfg.b, t = cfg.t, hq = cfg.hq, h = cfg.h, d = cfg.d, e = cfg.e;
-  const int32_t p = cfg.p;
-  const int64_t r = (h > 0) ? hq / h : 1;
-  const real scale = cfg.scale != 0.0 ? cfg.scale : 1.0 / std::sqrt(static_cast<real>(d));
-  const int64_t D = static_cast<int64_t>(phi_ext(std::vector<real>(static_cast<size_t>(d), 0.0), p, cfg.layout).size());
-  const bool gated = cfg.gated && in.has("log_g");
+namespace {
+
+// One problem's inputs and sizes, shared by the operations below (each a member named after its
+// operation, reached through EXPANSE_OPERATIONS in run()).
+struct problem {
+  const op_config& cfg;
+  const reader in;
+  const int64_t b, t, hq, h, d, e;
+  const int32_t p;
+  const int64_t r;
+  const real scale;
+  const int64_t D;
+  const bool gated;
+
+  problem(const op_config& c, const tensor_map& inputs)
+      : cfg(c), in(inputs), b(c.b), t(c.t), hq(c.hq), h(c.h), d(c.d), e(c.e), p(c.p), r(h > 0 ? hq / h : 1),
+        scale(c.scale != 0.0 ? c.scale : 1.0 / std::sqrt(static_cast<real>(d))),
+        D(static_cast<int64_t>(phi_ext(std::vector<real>(static_cast<size_t>(d), 0.0), p, c.layout).size())),
+        gated(c.gated && in.has("log_g")) {}
+
   // Token-tensor offsets (contiguous row-major).
-  auto qoff = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * t + ti) * hq + hi) * d; };
-  auto koff = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * t + ti) * h + hi) * d; };
-  auto voff = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * t + ti) * h + hi) * e; };
-  auto logg = [&](int64_t bi, int64_t ti, int64_t hi) { return gated ? in.at("log_g", (bi * t + ti) * h + hi) : 0.0; };
+  int64_t qoff(int64_t bi, int64_t ti, int64_t hi) const { return ((bi * t + ti) * hq + hi) * d; }
+  int64_t koff(int64_t bi, int64_t ti, int64_t hi) const { return ((bi * t + ti) * h + hi) * d; }
+  int64_t voff(int64_t bi, int64_t ti, int64_t hi) const { return ((bi * t + ti) * h + hi) * e; }
+  real logg(int64_t bi, int64_t ti, int64_t hi) const { return gated ? in.at("log_g", (bi * t + ti) * h + hi) : 0.0; }
   // Gc: inclusive cumsum of log_g within the chunk of size c (c <= 0: the whole sequence).
-  auto chunk_cumsum = [&](int64_t bi, int64_t hi, int64_t c) {
+  std::vector<real> chunk_cumsum(int64_t bi, int64_t hi, int64_t c) const {
     std::vector<real> Gc(static_cast<size_t>(t));
     real acc = 0;
     for (int64_t ti = 0; ti < t; ++ti) {
@@ -154,217 +166,237 @@ tensor_map run(const op_config& cfg, const tensor_map& inputs) {
       Gc[static_cast<size_t>(ti)] = acc;
     }
     return Gc;
-  };
+  }
   // The log of the decay from token j to token i (j <= i): the sum of log_g over (j, i], straight from
   // the definition, so that a reset (log_g = -inf) in between makes it -inf and nothing else does.
-  auto log_decay = [&](int64_t bi, int64_t hi, int64_t j, int64_t i) {
+  real log_decay(int64_t bi, int64_t hi, int64_t j, int64_t i) const {
     real sum = 0;
     for (int64_t l = j + 1; l <= i; ++l) sum += logg(bi, l, hi);
     return sum;
-  };
+  }
 
-  tensor_map out;
-  switch (cfg.op) {
-    case EXPANSE_OP_SYMPOW_EXPAND: {
-      host_tensor o = host_tensor::zeros(EXPANSE_F64, {t, D});
-      for (int64_t row = 0; row < t; ++row) {
-        const std::vector<real> f = phi_ext(in.vec("x", row * d, d), p, cfg.layout);
-        for (int64_t j = 0; j < D; ++j) o.set(row * D + j, f[static_cast<size_t>(j)]);
-      }
-      out["out"] = std::move(o);
-      break;
+  tensor_map sympow_expand() const {
+    tensor_map out;
+    host_tensor o = host_tensor::zeros(EXPANSE_F64, {t, D});
+    for (int64_t row = 0; row < t; ++row) {
+      const std::vector<real> f = phi_ext(in.vec("x", row * d, d), p, cfg.layout);
+      for (int64_t j = 0; j < D; ++j) o.set(row * D + j, f[static_cast<size_t>(j)]);
     }
-    case EXPANSE_OP_UPDATE_STATE: {
-      const int64_t c = cfg.c;
-      if (c < 1) throw std::invalid_argument("naive oracle: update_state needs c >= 1");
-      const int64_t n = chunk_count(t, c);
-      std::vector<real> S(static_cast<size_t>(b * n * h * D * e), 0.0), z(static_cast<size_t>(b * n * h * D), 0.0);
-      for (int64_t bi = 0; bi < b; ++bi)
-        for (int64_t hi = 0; hi < h; ++hi) {
-          for (int64_t m = 0; m < n; ++m) {
-            const int64_t first = m * c, last = std::min(t, first + c) - 1;
-            const int64_t so = ((bi * n + m) * h + hi) * D;
-            for (int64_t j = first; j <= last; ++j) {
-              const real w = std::exp(log_decay(bi, hi, j, last));  // exp(A_m - Gc_j)
-              const std::vector<real> fk = phi_ext(in.vec("k", koff(bi, j, hi), d), p, cfg.layout);
-              const std::vector<real> vj = in.vec("v", voff(bi, j, hi), e);
-              for (int64_t x = 0; x < D; ++x) {
-                const real fx = w * fk[static_cast<size_t>(x)];
-                z[static_cast<size_t>(so + x)] += fx;
-                for (int64_t y = 0; y < e; ++y) S[static_cast<size_t>((so + x) * e + y)] += fx * vj[static_cast<size_t>(y)];
-              }
-            }
-          }
-        }
-      out["S"] = host_tensor::zeros(EXPANSE_F64, {b, n, h, D, e});
-      out["z"] = host_tensor::zeros(EXPANSE_F64, {b, n, h, D});
-      for (size_t i = 0; i < S.size(); ++i) out["S"].set(static_cast<int64_t>(i), S[i]);
-      for (size_t i = 0; i < z.size(); ++i) out["z"].set(static_cast<int64_t>(i), z[i]);
-      break;
-    }
-    case EXPANSE_OP_DISCUMSUM: {
-      const int64_t c = cfg.c;
-      if (c < 1) throw std::invalid_argument("naive oracle: discumsum needs c >= 1");
-      const int64_t n = chunk_count(t, c);
-      const int64_t inner = d * e;
-      host_tensor Y = host_tensor::zeros(EXPANSE_F64, {b, n + 1, h, d, e});
-      const bool has_init = cfg.initial_state && in.has("Y_init");
-      for (int64_t bi = 0; bi < b; ++bi)
-        for (int64_t hi = 0; hi < h; ++hi) {
-          std::vector<real> cur(static_cast<size_t>(inner), 0.0);
-          if (has_init) cur = in.vec("Y_init", (bi * h + hi) * inner, inner);
-          for (int64_t m = 0; m <= n; ++m) {
-            for (int64_t x = 0; x < inner; ++x) Y.set(((bi * (n + 1) + m) * h + hi) * inner + x, cur[static_cast<size_t>(x)]);
-            if (m == n) break;
-            const real g = std::exp(in.at("A", (bi * n + m) * h + hi));
-            for (int64_t x = 0; x < inner; ++x)
-              cur[static_cast<size_t>(x)] = g * cur[static_cast<size_t>(x)] + in.at("X", ((bi * n + m) * h + hi) * inner + x);
-          }
-        }
-      out["Y"] = std::move(Y);
-      break;
-    }
-    case EXPANSE_OP_QUERY_STATE: {
-      const int64_t c = cfg.c > 0 ? cfg.c : t;
-      const int64_t n = chunk_count(t, c);
-      host_tensor o = host_tensor::zeros(EXPANSE_F64, {b, t, hq, e});
-      for (int64_t bi = 0; bi < b; ++bi)
-        for (int64_t qi = 0; qi < hq; ++qi) {
-          const int64_t hi = qi / r;
-          const std::vector<real> Gc = chunk_cumsum(bi, hi, c);
-          for (int64_t ti = 0; ti < t; ++ti) {
-            const int64_t m = ti / c;
-            const real w = std::exp(Gc[static_cast<size_t>(ti)]);
-            const std::vector<real> fq = phi_ext(scaled(in.vec("q", qoff(bi, ti, qi), d), scale), p, cfg.layout);
-            const int64_t so = ((bi * n + m) * h + hi) * D;
-            std::vector<real> num(static_cast<size_t>(e), 0.0);
-            real den = 0;
-            const std::vector<real>& Sv = in.tensor("S");
+    out["out"] = std::move(o);
+    return out;
+  }
+
+  tensor_map update_state() const {
+    tensor_map out;
+    const int64_t c = cfg.c;
+    if (c < 1) throw std::invalid_argument("naive oracle: update_state needs c >= 1");
+    const int64_t n = chunk_count(t, c);
+    std::vector<real> S(static_cast<size_t>(b * n * h * D * e), 0.0), z(static_cast<size_t>(b * n * h * D), 0.0);
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t hi = 0; hi < h; ++hi) {
+        for (int64_t m = 0; m < n; ++m) {
+          const int64_t first = m * c, last = std::min(t, first + c) - 1;
+          const int64_t so = ((bi * n + m) * h + hi) * D;
+          for (int64_t j = first; j <= last; ++j) {
+            const real w = std::exp(log_decay(bi, hi, j, last));  // exp(A_m - Gc_j)
+            const std::vector<real> fk = phi_ext(in.vec("k", koff(bi, j, hi), d), p, cfg.layout);
+            const std::vector<real> vj = in.vec("v", voff(bi, j, hi), e);
             for (int64_t x = 0; x < D; ++x) {
-              for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += fq[static_cast<size_t>(x)] * Sv.at(static_cast<size_t>((so + x) * e + y));
-              if (cfg.normalize) den += fq[static_cast<size_t>(x)] * in.at("z", so + x);
+              const real fx = w * fk[static_cast<size_t>(x)];
+              z[static_cast<size_t>(so + x)] += fx;
+              for (int64_t y = 0; y < e; ++y) S[static_cast<size_t>((so + x) * e + y)] += fx * vj[static_cast<size_t>(y)];
             }
-            for (real& v : num) v *= w;
-            den *= w;
-            const int64_t row = (bi * t + ti) * hq + qi;
-            if (cfg.intra) {
-              const real em = std::exp(in.at("rowmax", row));
-              for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += in.at("y", row * e + y) * em;
-              if (cfg.normalize) den += in.at("l", row) * em;
+          }
+        }
+      }
+    out["S"] = host_tensor::zeros(EXPANSE_F64, {b, n, h, D, e});
+    out["z"] = host_tensor::zeros(EXPANSE_F64, {b, n, h, D});
+    for (size_t i = 0; i < S.size(); ++i) out["S"].set(static_cast<int64_t>(i), S[i]);
+    for (size_t i = 0; i < z.size(); ++i) out["z"].set(static_cast<int64_t>(i), z[i]);
+    return out;
+  }
+
+  tensor_map discumsum() const {
+    tensor_map out;
+    const int64_t c = cfg.c;
+    if (c < 1) throw std::invalid_argument("naive oracle: discumsum needs c >= 1");
+    const int64_t n = chunk_count(t, c);
+    const int64_t inner = d * e;
+    host_tensor Y = host_tensor::zeros(EXPANSE_F64, {b, n + 1, h, d, e});
+    const bool has_init = cfg.initial_state && in.has("Y_init");
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t hi = 0; hi < h; ++hi) {
+        std::vector<real> cur(static_cast<size_t>(inner), 0.0);
+        if (has_init) cur = in.vec("Y_init", (bi * h + hi) * inner, inner);
+        for (int64_t m = 0; m <= n; ++m) {
+          for (int64_t x = 0; x < inner; ++x) Y.set(((bi * (n + 1) + m) * h + hi) * inner + x, cur[static_cast<size_t>(x)]);
+          if (m == n) break;
+          const real g = std::exp(in.at("A", (bi * n + m) * h + hi));
+          for (int64_t x = 0; x < inner; ++x)
+            cur[static_cast<size_t>(x)] = g * cur[static_cast<size_t>(x)] + in.at("X", ((bi * n + m) * h + hi) * inner + x);
+        }
+      }
+    out["Y"] = std::move(Y);
+    return out;
+  }
+
+  tensor_map query_state() const {
+    tensor_map out;
+    const int64_t c = cfg.c > 0 ? cfg.c : t;
+    const int64_t n = chunk_count(t, c);
+    host_tensor o = host_tensor::zeros(EXPANSE_F64, {b, t, hq, e});
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t qi = 0; qi < hq; ++qi) {
+        const int64_t hi = qi / r;
+        const std::vector<real> Gc = chunk_cumsum(bi, hi, c);
+        for (int64_t ti = 0; ti < t; ++ti) {
+          const int64_t m = ti / c;
+          const real w = std::exp(Gc[static_cast<size_t>(ti)]);
+          const std::vector<real> fq = phi_ext(scaled(in.vec("q", qoff(bi, ti, qi), d), scale), p, cfg.layout);
+          const int64_t so = ((bi * n + m) * h + hi) * D;
+          std::vector<real> num(static_cast<size_t>(e), 0.0);
+          real den = 0;
+          const std::vector<real>& Sv = in.tensor("S");
+          for (int64_t x = 0; x < D; ++x) {
+            for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += fq[static_cast<size_t>(x)] * Sv.at(static_cast<size_t>((so + x) * e + y));
+            if (cfg.normalize) den += fq[static_cast<size_t>(x)] * in.at("z", so + x);
+          }
+          for (real& v : num) v *= w;
+          den *= w;
+          const int64_t row = (bi * t + ti) * hq + qi;
+          if (cfg.intra) {
+            const real em = std::exp(in.at("rowmax", row));
+            for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += in.at("y", row * e + y) * em;
+            if (cfg.normalize) den += in.at("l", row) * em;
+          }
+          for (int64_t y = 0; y < e; ++y) {
+            real v = num[static_cast<size_t>(y)];
+            if (cfg.normalize) v = (den == 0.0) ? 0.0 : v / den;
+            o.set(row * e + y, v);
+          }
+        }
+      }
+    out["o"] = std::move(o);
+    return out;
+  }
+
+  tensor_map chunk_attention() const {
+    tensor_map out;
+    const int64_t c = cfg.c > 0 ? cfg.c : t;
+    host_tensor Yt = host_tensor::zeros(EXPANSE_F64, {b, t, hq, e});
+    host_tensor L = host_tensor::zeros(EXPANSE_F64, {b, t, hq});
+    host_tensor M = host_tensor::zeros(EXPANSE_F64, {b, t, hq});
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t qi = 0; qi < hq; ++qi) {
+        const int64_t hi = qi / r;
+        for (int64_t ti = 0; ti < t; ++ti) {
+          const int64_t first = (ti / c) * c;
+          const std::vector<real> qv = scaled(in.vec("q", qoff(bi, ti, qi), d), scale);
+          std::vector<real> s, sgn;
+          bool any = false;
+          real rowmax = -INFINITY;
+          for (int64_t j = first; j <= ti; ++j) {
+            const real qk = dot(qv, in.vec("k", koff(bi, j, hi), d));
+            real sc = -INFINITY, sg = 0;
+            if (qk != 0.0) sc = p * std::log(std::fabs(qk)) + log_decay(bi, hi, j, ti);  // + Gc_i - Gc_j
+            if (sc != -INFINITY) {  // a zero dot, or a reset in between: no term
+              any = true;
+              sg = (qk < 0 && p % 2 == 1) ? -1.0 : 1.0;
+              rowmax = std::max(rowmax, sc);
             }
+            s.push_back(sc);
+            sgn.push_back(sg);
+          }
+          const int64_t row = (bi * t + ti) * hq + qi;
+          if (!any) continue;  // y, l, rowmax stay 0
+          std::vector<real> y(static_cast<size_t>(e), 0.0);
+          real l = 0;
+          for (int64_t j = first; j <= ti; ++j) {
+            const size_t jj = static_cast<size_t>(j - first);
+            if (sgn[jj] == 0) continue;
+            const real w = sgn[jj] * std::exp(s[jj] - rowmax);
+            l += w;
+            for (int64_t x = 0; x < e; ++x) y[static_cast<size_t>(x)] += w * in.at("v", voff(bi, j, hi) + x);
+          }
+          for (int64_t x = 0; x < e; ++x) Yt.set(row * e + x, y[static_cast<size_t>(x)]);
+          L.set(row, l);
+          M.set(row, rowmax);
+        }
+      }
+    out["y"] = std::move(Yt);
+    out["l"] = std::move(L);
+    out["rowmax"] = std::move(M);
+    return out;
+  }
+
+  // power_attention and its decoding step (t = 1; the state is given and returned as S, z).
+  tensor_map attention(bool step) const {
+    tensor_map out;
+    const int64_t T = step ? 1 : t;
+    // Step tensors are token tensors with t = 1 ([b,hq,d] == [b,1,hq,d]).
+    auto sq = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * hq + hi) * d; };
+    auto sk = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * h + hi) * d; };
+    auto sv = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * h + hi) * e; };
+    const bool has_init = step || cfg.initial_state;
+    const std::string Sname = step ? "S" : "initial_S", zname = step ? "z" : "initial_z";
+    host_tensor o = step ? host_tensor::zeros(EXPANSE_F64, {b, hq, e}) : host_tensor::zeros(EXPANSE_F64, {b, t, hq, e});
+    host_tensor Sf = host_tensor::zeros(EXPANSE_F64, {b, h, D, e});
+    host_tensor zf = host_tensor::zeros(EXPANSE_F64, {b, h, D});
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t hi = 0; hi < h; ++hi) {
+        std::vector<real> S(static_cast<size_t>(D * e), 0.0), z(static_cast<size_t>(D), 0.0);
+        if (has_init) {
+          S = in.vec(Sname, (bi * h + hi) * D * e, D * e);
+          if (cfg.normalize) z = in.vec(zname, (bi * h + hi) * D, D);
+        }
+        for (int64_t ti = 0; ti < T; ++ti) {
+          const real g = std::exp(gated ? in.at("log_g", (bi * T + ti) * h + hi) : 0.0);
+          const std::vector<real> fk = phi_ext(in.vec("k", sk(bi, ti, hi), d), p, cfg.layout);
+          const std::vector<real> vj = in.vec("v", sv(bi, ti, hi), e);
+          for (int64_t x = 0; x < D; ++x) {
+            z[static_cast<size_t>(x)] = g * z[static_cast<size_t>(x)] + fk[static_cast<size_t>(x)];
+            for (int64_t y = 0; y < e; ++y)
+              S[static_cast<size_t>(x * e + y)] = g * S[static_cast<size_t>(x * e + y)] + fk[static_cast<size_t>(x)] * vj[static_cast<size_t>(y)];
+          }
+          for (int64_t qi = hi * r; qi < (hi + 1) * r; ++qi) {
+            const std::vector<real> fq = phi_ext(scaled(in.vec("q", sq(bi, ti, qi), d), scale), p, cfg.layout);
+            const real den = dot(fq, z);
+            std::vector<real> num(static_cast<size_t>(e), 0.0);
+            for (int64_t x = 0; x < D; ++x)
+              for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += fq[static_cast<size_t>(x)] * S[static_cast<size_t>(x * e + y)];
             for (int64_t y = 0; y < e; ++y) {
               real v = num[static_cast<size_t>(y)];
               if (cfg.normalize) v = (den == 0.0) ? 0.0 : v / den;
-              o.set(row * e + y, v);
+              o.set(((bi * T + ti) * hq + qi) * e + y, v);
             }
           }
         }
-      out["o"] = std::move(o);
-      break;
-    }
-    case EXPANSE_OP_CHUNK_ATTENTION: {
-      const int64_t c = cfg.c > 0 ? cfg.c : t;
-      host_tensor Yt = host_tensor::zeros(EXPANSE_F64, {b, t, hq, e});
-      host_tensor L = host_tensor::zeros(EXPANSE_F64, {b, t, hq});
-      host_tensor M = host_tensor::zeros(EXPANSE_F64, {b, t, hq});
-      for (int64_t bi = 0; bi < b; ++bi)
-        for (int64_t qi = 0; qi < hq; ++qi) {
-          const int64_t hi = qi / r;
-          for (int64_t ti = 0; ti < t; ++ti) {
-            const int64_t first = (ti / c) * c;
-            const std::vector<real> qv = scaled(in.vec("q", qoff(bi, ti, qi), d), scale);
-            std::vector<real> s, sgn;
-            bool any = false;
-            real rowmax = -INFINITY;
-            for (int64_t j = first; j <= ti; ++j) {
-              const real qk = dot(qv, in.vec("k", koff(bi, j, hi), d));
-              real sc = -INFINITY, sg = 0;
-              if (qk != 0.0) sc = p * std::log(std::fabs(qk)) + log_decay(bi, hi, j, ti);  // + Gc_i - Gc_j
-              if (sc != -INFINITY) {  // a zero dot, or a reset in between: no term
-                any = true;
-                sg = (qk < 0 && p % 2 == 1) ? -1.0 : 1.0;
-                rowmax = std::max(rowmax, sc);
-              }
-              s.push_back(sc);
-              sgn.push_back(sg);
-            }
-            const int64_t row = (bi * t + ti) * hq + qi;
-            if (!any) continue;  // y, l, rowmax stay 0
-            std::vector<real> y(static_cast<size_t>(e), 0.0);
-            real l = 0;
-            for (int64_t j = first; j <= ti; ++j) {
-              const size_t jj = static_cast<size_t>(j - first);
-              if (sgn[jj] == 0) continue;
-              const real w = sgn[jj] * std::exp(s[jj] - rowmax);
-              l += w;
-              for (int64_t x = 0; x < e; ++x) y[static_cast<size_t>(x)] += w * in.at("v", voff(bi, j, hi) + x);
-            }
-            for (int64_t x = 0; x < e; ++x) Yt.set(row * e + x, y[static_cast<size_t>(x)]);
-            L.set(row, l);
-            M.set(row, rowmax);
-          }
-        }
-      out["y"] = std::move(Yt);
-      out["l"] = std::move(L);
-      out["rowmax"] = std::move(M);
-      break;
-    }
-    case EXPANSE_OP_POWER_ATTENTION:
-    case EXPANSE_OP_POWER_ATTENTION_STEP: {
-      const bool step = cfg.op == EXPANSE_OP_POWER_ATTENTION_STEP;
-      const int64_t T = step ? 1 : t;
-      // Step tensors are token tensors with t = 1 ([b,hq,d] == [b,1,hq,d]).
-      auto sq = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * hq + hi) * d; };
-      auto sk = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * h + hi) * d; };
-      auto sv = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * h + hi) * e; };
-      const bool has_init = step || cfg.initial_state;
-      const std::string Sname = step ? "S" : "S0", zname = step ? "z" : "z0";
-      host_tensor o = step ? host_tensor::zeros(EXPANSE_F64, {b, hq, e}) : host_tensor::zeros(EXPANSE_F64, {b, t, hq, e});
-      host_tensor Sf = host_tensor::zeros(EXPANSE_F64, {b, h, D, e});
-      host_tensor zf = host_tensor::zeros(EXPANSE_F64, {b, h, D});
-      for (int64_t bi = 0; bi < b; ++bi)
-        for (int64_t hi = 0; hi < h; ++hi) {
-          std::vector<real> S(static_cast<size_t>(D * e), 0.0), z(static_cast<size_t>(D), 0.0);
-          if (has_init) {
-            S = in.vec(Sname, (bi * h + hi) * D * e, D * e);
-            if (cfg.normalize) z = in.vec(zname, (bi * h + hi) * D, D);
-          }
-          for (int64_t ti = 0; ti < T; ++ti) {
-            const real g = std::exp(gated ? in.at("log_g", (bi * T + ti) * h + hi) : 0.0);
-            const std::vector<real> fk = phi_ext(in.vec("k", sk(bi, ti, hi), d), p, cfg.layout);
-            const std::vector<real> vj = in.vec("v", sv(bi, ti, hi), e);
-            for (int64_t x = 0; x < D; ++x) {
-              z[static_cast<size_t>(x)] = g * z[static_cast<size_t>(x)] + fk[static_cast<size_t>(x)];
-              for (int64_t y = 0; y < e; ++y)
-                S[static_cast<size_t>(x * e + y)] = g * S[static_cast<size_t>(x * e + y)] + fk[static_cast<size_t>(x)] * vj[static_cast<size_t>(y)];
-            }
-            for (int64_t qi = hi * r; qi < (hi + 1) * r; ++qi) {
-              const std::vector<real> fq = phi_ext(scaled(in.vec("q", sq(bi, ti, qi), d), scale), p, cfg.layout);
-              const real den = dot(fq, z);
-              std::vector<real> num(static_cast<size_t>(e), 0.0);
-              for (int64_t x = 0; x < D; ++x)
-                for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += fq[static_cast<size_t>(x)] * S[static_cast<size_t>(x * e + y)];
-              for (int64_t y = 0; y < e; ++y) {
-                real v = num[static_cast<size_t>(y)];
-                if (cfg.normalize) v = (den == 0.0) ? 0.0 : v / den;
-                o.set(((bi * T + ti) * hq + qi) * e + y, v);
-              }
-            }
-          }
-          for (int64_t x = 0; x < D * e; ++x) Sf.set((bi * h + hi) * D * e + x, S[static_cast<size_t>(x)]);
-          for (int64_t x = 0; x < D; ++x) zf.set((bi * h + hi) * D + x, z[static_cast<size_t>(x)]);
-        }
-      out["o"] = std::move(o);
-      if (step || cfg.final_state) {
-        out["S"] = std::move(Sf);
-        if (cfg.normalize) out["z"] = std::move(zf);
+        for (int64_t x = 0; x < D * e; ++x) Sf.set((bi * h + hi) * D * e + x, S[static_cast<size_t>(x)]);
+        for (int64_t x = 0; x < D; ++x) zf.set((bi * h + hi) * D + x, z[static_cast<size_t>(x)]);
       }
-      break;
+    out["o"] = std::move(o);
+    if (step || cfg.final_state) {
+      out[step ? "S" : "final_S"] = std::move(Sf);
+      if (cfg.normalize) out[step ? "z" : "final_z"] = std::move(zf);
     }
-    default:
-      throw std::invalid_argument("naive oracle: unknown op " + std::to_string(static_cast<int>(cfg.op)));
+    return out;
   }
-  return out;
+
+  tensor_map power_attention() const { return attention(false); }
+  tensor_map power_attention_step() const { return attention(true); }
+};
+
+}  // namespace
+
+tensor_map run(const op_config& cfg, const tensor_map& inputs) {
+  using runner = tensor_map (problem::*)() const;
+#define EXPANSE_NAIVE_ENTRY(name, NAME) &problem::name,
+  static const runner runners[EXPANSE_OP_COUNT] = {EXPANSE_OPERATIONS(EXPANSE_NAIVE_ENTRY)};
+#undef EXPANSE_NAIVE_ENTRY
+  if (cfg.op < 0 || cfg.op >= EXPANSE_OP_COUNT)
+    throw std::invalid_argument("naive oracle: unknown op " + std::to_string(static_cast<int>(cfg.op)));
+  const problem pr(cfg, inputs);
+  return (pr.*runners[cfg.op])();
 }
 
 }  // namespace expanse::harness::naive

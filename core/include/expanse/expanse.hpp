@@ -78,6 +78,13 @@ struct op_kind_of;
 EXPANSE_OPERATIONS(EXPANSE_OP_KIND_OF)
 #undef EXPANSE_OP_KIND_OF
 
+// The kinds by operation name: expanse::ops::power_attention, ...
+namespace ops {
+#define EXPANSE_OP_CONSTANT(name, NAME) constexpr expanse_op_kind name = op_kind_of<expanse_##name##_args>::value;
+EXPANSE_OPERATIONS(EXPANSE_OP_CONSTANT)
+#undef EXPANSE_OP_CONSTANT
+}  // namespace ops
+
 // Argument structs with the library's defaults.
 #define EXPANSE_ARGS_FACTORY(name, NAME)                  \
   inline expanse_##name##_args name##_args() {            \
