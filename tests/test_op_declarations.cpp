@@ -53,6 +53,7 @@ TEST_CASE("op declarations: names, parameters and their defaults") {
     }
     const expanse_tensor_arg_info* tensors = nullptr;
     const int32_t nt = expanse_op_tensor_args(op, &tensors);
+    CHECK(tensors[0].offset == 0);  // every args struct starts with a tensor (backends read its device there)
     for (int32_t i = 0; i < nt; ++i) {
       CHECK(*reinterpret_cast<void* const*>(args.data() + tensors[i].offset) == nullptr);
       CHECK(std::strlen(tensors[i].dims) > 0);

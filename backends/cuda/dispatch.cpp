@@ -5,26 +5,22 @@
 
 namespace expanse_cuda {
 
+// Each operation's list, by kind (EXPANSE_OPERATIONS: <name>_impls() of ops/<name>.cu).
 static const std::vector<implementation>& list_of(expanse_op_kind kind) {
-  switch (kind) {
-    case EXPANSE_OP_SYMPOW_EXPAND: return sympow_expand_impls();
-    case EXPANSE_OP_UPDATE_STATE: return update_state_impls();
-    case EXPANSE_OP_DISCUMSUM: return discumsum_impls();
-    case EXPANSE_OP_QUERY_STATE: return query_state_impls();
-    case EXPANSE_OP_CHUNK_ATTENTION: return chunk_attention_impls();
-    case EXPANSE_OP_POWER_ATTENTION: return power_attention_impls();
-    case EXPANSE_OP_POWER_ATTENTION_STEP: return power_attention_step_impls();
-    default: break;
-  }
+  using list_fn = const std::vector<implementation>& (*)();
+#define EXPANSE_CUDA_LIST(name, NAME) &name##_impls,
+  static const list_fn lists[EXPANSE_OP_COUNT] = {EXPANSE_OPERATIONS(EXPANSE_CUDA_LIST)};
+#undef EXPANSE_CUDA_LIST
   static const std::vector<implementation> none;
-  return none;
+  return kind >= 0 && kind < EXPANSE_OP_COUNT ? lists[kind]() : none;
 }
 
 // The plugin must not call into libexpanse (the core loads it RTLD_LOCAL, and Python loads the core
 // RTLD_LOCAL too), so it keeps its own names.
 const char* op_name(expanse_op_kind kind) {
-  static const char* const names[] = {"sympow_expand",   "update_state",    "discumsum",           "query_state",
-                                      "chunk_attention", "power_attention", "power_attention_step"};
+#define EXPANSE_CUDA_NAME(name, NAME) #name,
+  static const char* const names[] = {EXPANSE_OPERATIONS(EXPANSE_CUDA_NAME)};
+#undef EXPANSE_CUDA_NAME
   return kind >= 0 && kind < EXPANSE_OP_COUNT ? names[kind] : "unknown op";
 }
 

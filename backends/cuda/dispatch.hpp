@@ -69,14 +69,10 @@ struct implementation {
   void (*run)(const expanse_op& op, launch_context& lc);
 };
 
-// The lists, one per operation (defined beside each operation in ops/*.cu).
-const std::vector<implementation>& sympow_expand_impls();
-const std::vector<implementation>& update_state_impls();
-const std::vector<implementation>& discumsum_impls();
-const std::vector<implementation>& query_state_impls();
-const std::vector<implementation>& chunk_attention_impls();
-const std::vector<implementation>& power_attention_impls();
-const std::vector<implementation>& power_attention_step_impls();
+// The lists, one per operation: <name>_impls(), defined beside each operation in ops/<name>.cu.
+#define EXPANSE_CUDA_LIST_DECL(name, NAME) const std::vector<implementation>& name##_impls();
+EXPANSE_OPERATIONS(EXPANSE_CUDA_LIST_DECL)
+#undef EXPANSE_CUDA_LIST_DECL
 
 // The implementation that takes `op` (nullptr and the joined reasons when none does).
 const implementation* choose(const expanse_op& op, const device_props& props, std::string* reasons);

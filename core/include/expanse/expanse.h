@@ -187,7 +187,8 @@ EXPANSE_API int32_t expanse_op_params(expanse_op_kind op, const expanse_param_in
 EXPANSE_API expanse_status expanse_output_shape(expanse_op_kind op, const void* args, int32_t arg, int32_t* ndim,
                                                 int64_t* shape, int32_t* dtype);
 
-/* Optional tensors are NULL when absent. Token tensors are [b,t,heads,dim]. Every *_args struct has
+/* Every *_args struct starts with a tensor (backends find the call's device there). Optional
+ * tensors are NULL when absent. Token tensors are [b,t,heads,dim]. Every *_args struct has
  * an _init function that sets the defaults; always call it first. */
 
 /* phi(x): x [..., d] -> out [..., D]; out has x's dtype (or f64). p in 1..6. */
