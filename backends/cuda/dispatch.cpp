@@ -35,12 +35,16 @@ const implementation* choose(const expanse_op& op, const device_props& props, st
     const char* v = std::getenv("EXPANSE_CUDA_SKIP");
     return v ? "," + std::string(v) + "," : std::string();
   }();
+  // The choice of this call, when supports or workspace_size made it already (expanse_op::memo).
+  const std::vector<implementation>& list = list_of(op.kind);
+  if (op.memo != nullptr && op.memo[0] > 0 && size_t(op.memo[0]) <= list.size()) return &list[size_t(op.memo[0] - 1)];
   std::string why;
-  for (const implementation& impl : list_of(op.kind)) {
+  for (const implementation& impl : list) {
     const bool skipped = skip.find("," + std::string(impl.name) + ",") != std::string::npos;
     const std::string reason = skipped ? "skipped (EXPANSE_CUDA_SKIP)" : impl.declines(op, props);
     if (reason.empty()) {
       if (verbose) std::fprintf(stderr, "expanse cuda: %s -> %s\n", op_name(op.kind), impl.name);
+      if (op.memo != nullptr) op.memo[0] = int64_t(&impl - list.data()) + 1;
       return &impl;
     }
     if (verbose) std::fprintf(stderr, "expanse cuda: %s: %s declines: %s\n", op_name(op.kind), impl.name, reason.c_str());
