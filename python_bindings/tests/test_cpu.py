@@ -810,11 +810,11 @@ def test_f64_results_equal_the_cli(rng, op, tmp_path):
     S0, z0 = random_state(rng, b, h, d, e, 2)
     flags = ["--p", "2"]
     if op == "power_attention":
-        ins = dict(q=q, k=k, v=v, log_g=log_g, S0=S0, z0=z0)
-        flags += ["--chunk", str(c), "--final-state"]
+        ins = dict(q=q, k=k, v=v, log_g=log_g, initial_S=S0, initial_z=z0)
+        flags += ["--chunk_size", str(c), "--final-state"]
         o, (S, z) = expanse.power_attention(q, k, v, log_g, chunk_size=c, initial_state=(S0, z0),
                                             output_final_state=True)
-        mine = dict(o=o, S=S, z=z)
+        mine = dict(o=o, final_S=S, final_z=z)
     elif op == "power_attention_step":
         ins = dict(q=q[:, 0], k=k[:, 0], v=v[:, 0], log_g=log_g[:, 0], S=S0.copy(), z=z0.copy())
         S, z = S0.copy(), z0.copy()
