@@ -457,6 +457,21 @@ int cmd_run(int argc, char** argv) {
   }
 
   check_input_dir(s.in_dir);
+  // A file no tensor of the op reads is most likely misnamed (e.g. S0.npy for initial_S.npy): say so.
+  std::error_code dir_error;
+  for (const auto& entry : fs::directory_iterator(s.in_dir, dir_error)) {
+    if (entry.path().extension() != ".npy") continue;
+    const std::string stem = entry.path().stem().string();
+    bool read = false;
+    for (const auto& t : op.tensors) read = read || (t.role != EXPANSE_ARG_OUTPUT && stem == t.name);
+    if (!read) {
+      std::string names;
+      for (const auto& t : op.tensors)
+        if (t.role != EXPANSE_ARG_OUTPUT) names += (names.empty() ? "" : ", ") + std::string(t.name);
+      std::fprintf(stderr, "expanse: warning: %s is not an input of %s (its inputs: %s); it is not read\n",
+                   entry.path().filename().string().c_str(), s.op_name.c_str(), names.c_str());
+    }
+  }
 
   const char* def_backend = expanse_default_backend();
   const std::string backend = args.get_string("backend", def_backend ? def_backend : "reference");
