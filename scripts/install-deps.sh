@@ -4,7 +4,8 @@
 set -euo pipefail
 packages=(cmake ninja-build g++ ccache libtbb-dev libeigen3-dev doctest-dev python3 python3-pip
           python3-dev python3-venv  # these two: the Python package (python_bindings/) builds against them
-          clang)                    # libFuzzer and its sanitizer runtimes: the fuzz stage of scripts/test.sh
+          clang                     # libFuzzer and its sanitizer runtimes: the fuzz stage of scripts/test.sh
+          hipcc libamdhip64-dev)    # the HIP backend (built and its no-device path tested; no AMD GPU here)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

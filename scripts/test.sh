@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, as CI does (.ci/run): installs missing dependencies, then five stages,
 # each in its own build folder and timed:
-#   release  build/: Release (with the CUDA plugin when nvcc is there), ctest
+#   release  build/: Release (with the CUDA plugin when nvcc is there, the HIP one when hipcc is), ctest
 #   python   build-python/: the Python package through pip, then its pytest suite
 #   asan     build-asan/: AddressSanitizer + UndefinedBehaviorSanitizer (CUDA and Python off), ctest
 #            (every test, the fuzz corpora replayed and the threads test included)
@@ -36,6 +36,12 @@ if want release; then
   cuda_args=()
   if [ -z "${EXPANSE_NO_CUDA:-}" ] && command -v nvcc >/dev/null 2>&1; then
     cuda_args=(-DEXPANSE_ENABLE_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${EXPANSE_CUDA_ARCH:-90a}")
+  fi
+  # Likewise the HIP backend with hipcc (scripts/install-deps.sh installs it): its device code is
+  # built for gfx90a and gfx940, and its test checks the code objects and the "no HIP device" path.
+  # EXPANSE_NO_HIP=1 leaves it out.
+  if [ -z "${EXPANSE_NO_HIP:-}" ] && command -v hipcc >/dev/null 2>&1; then
+    cuda_args+=(-DEXPANSE_ENABLE_HIP=ON)
   fi
   scripts/build.sh "${cuda_args[@]}" "$@"
   ctest --test-dir build --output-on-failure -j "$jobs"

@@ -6,5 +6,5 @@ backend=$2
 if "$exe" info | grep -q "^  $backend: available"; then
   exec "$exe" check --full --backend "$backend"
 fi
-echo "skipped: no CUDA device ($("$exe" info | grep "^  $backend:" | sed 's/^ *//'))"
+echo "skipped: no $backend device ($("$exe" info | grep "^  $backend:" | sed 's/^ *//'))"
 exit 77

@@ -5,6 +5,7 @@
 // The quadratic form is the same with one chunk (c = t): step 2 then only runs for an initial or
 // final state. Each step uses its fastest kernel that takes the shape (wgmma/mma/flash), else its
 // simple kernel.
+#include "gpu/kernels/discumsum.hpp"
 #include "ops/op_common.hpp"
 #include "ops/state_ops.hpp"
 
@@ -27,18 +28,6 @@ expanse_tensor totals_view(const gates& g, const expanse_problem& pb, int32_t de
   A.strides[1] = 1;
   A.strides[2] = pb.n;
   return A;
-}
-
-// A [b,h,...] state as a [b,1,h,...] view (discumsum's init/final form); empty when absent.
-expanse_tensor with_chunk_axis(const expanse_tensor* s) {
-  expanse_tensor t{};
-  if (s == nullptr) return t;
-  t = *s;
-  t.ndim = s->ndim + 1;
-  t.shape[0] = s->shape[0]; t.strides[0] = s->strides[0];
-  t.shape[1] = 1; t.strides[1] = 0;
-  for (int i = 1; i < s->ndim; ++i) { t.shape[i + 1] = s->shape[i]; t.strides[i + 1] = s->strides[i]; }
-  return t;
 }
 
 void run(const expanse_op& op, launch_context& lc) {
@@ -81,6 +70,7 @@ void run(const expanse_op& op, launch_context& lc) {
     launch_update_state(*a.k, *a.v, g, phi, pb, Sv, z ? &zv : nullptr, lc);
     expanse_tensor A{};
     if (g.total) A = totals_view(g, pb, dev);
+    using expanse_gpu::launch_discumsum, expanse_gpu::with_chunk_axis;
     launch_discumsum(Sv, A, with_chunk_axis(a.initial_S), Sv, with_chunk_axis(a.final_S), pb.n, EXPANSE_F32, lc.stream);
     if (z) launch_discumsum(zv, A, with_chunk_axis(a.initial_z), zv, with_chunk_axis(a.final_z), pb.n, EXPANSE_F32, lc.stream);
     qin.S = Sv;

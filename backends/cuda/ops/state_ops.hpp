@@ -34,12 +34,7 @@ void launch_update_state(const expanse_tensor& k, const expanse_tensor& v, const
                          const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                          launch_context& lc);
 
-// discumsum (ops/discumsum.cu): for m < n, Y_m (the state entering m) is written to Y's slot m and
-// Y_n to `final` (when its data is non-null). X and Y may be the same memory (in place). A is read
-// as A[b, m, h] through its strides. init has X's rank with a size-1 chunk axis (data null: 0).
-void launch_discumsum(const expanse_tensor& X, const expanse_tensor& A, const expanse_tensor& init,
-                      const expanse_tensor& Y, const expanse_tensor& final_state, int64_t n, int32_t input_dtype,
-                      cudaStream_t stream);
+// discumsum: expanse_gpu::launch_discumsum (gpu/kernels/discumsum.hpp), shared with the HIP backend.
 
 // query_state (ops/query_state.cu). S/z with null data: no inter-chunk term. y/l/rowmax with null
 // data: no intra-chunk term.
