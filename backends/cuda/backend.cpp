@@ -1,11 +1,9 @@
 // The plugin table of the CUDA backend (backend.h): device probing, memory, and the entry points
-// that hand each validated operation to its implementation list (dispatch.hpp).
+// that hand each validated operation to the dispatcher (dispatch.hpp, backends/sdk/).
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,9 +14,7 @@ namespace {
 
 std::vector<device_props> g_props;  // filled by init()
 
-void write_text(char* buf, size_t len, const std::string& text) {
-  if (buf != nullptr && len > 0) std::snprintf(buf, len, "%s", text.c_str());
-}
+using expanse_sdk::write_text;
 
 expanse_status cuda_failure(cudaError_t err, const char* what, char* buf, size_t len) {
   write_text(buf, len, std::string("cuda: ") + what + ": " + cudaGetErrorString(err));
@@ -38,10 +34,11 @@ expanse_status init(char* err, size_t err_len) {
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
-    g_props[i].cc_major = p.major;
-    g_props[i].cc_minor = p.minor;
-    g_props[i].sm_count = p.multiProcessorCount;
+    g_props[i].arch_major = p.major;
+    g_props[i].arch_minor = p.minor;
+    g_props[i].multiprocessors = p.multiProcessorCount;
     g_props[i].smem_optin = p.sharedMemPerBlockOptin;
+    if (p.major >= 8) g_props[i].features |= kMmaSync;
   }
   return EXPANSE_OK;
 }
@@ -62,77 +59,27 @@ expanse_status device_info(int32_t device, expanse_device_info* info) {
   return EXPANSE_OK;
 }
 
-// The device of an operation: the device id of its first tensor argument, which every args struct
-// starts with (expanse.h; tests/test_op_declarations.cpp checks it), as the core has checked that all
-// tensors of the op share it.
-int32_t device_of(const expanse_op& op) {
-  const expanse_tensor* t = nullptr;
-  std::memcpy(&t, op.args, sizeof(t));
-  return t != nullptr ? t->device_id : 0;
-}
-
-const device_props& props_of(int32_t device) {
-  static const device_props none{};
-  return device >= 0 && device < device_count() ? g_props[static_cast<size_t>(device)] : none;
+// The properties of a device. kSm90a is found at the first call on a compute capability 9.0 device
+// (asking which code a device loads creates a context, which `expanse info` should not).
+device_props props_of(int32_t device) {
+  if (device < 0 || device >= device_count()) return device_props{};
+  device_props props = g_props[static_cast<size_t>(device)];
+  if (props.arch_major == 9 && props.arch_minor == 0 && sm90a_code_loads()) props.features |= kSm90a;
+  return props;
 }
 
 expanse_status supports(const expanse_op* op, char* reason, size_t reason_len) {
-  try {
-    std::string why;
-    if (choose(*op, props_of(device_of(*op)), &why) != nullptr) return EXPANSE_OK;
-    write_text(reason, reason_len, why);
-    return EXPANSE_ERROR_UNSUPPORTED;
-  } catch (const std::exception& e) {
-    write_text(reason, reason_len, e.what());
-    return EXPANSE_ERROR_UNSUPPORTED;
-  }
+  return cuda_dispatcher().supports(*op, props_of(expanse_sdk::device_of(*op)), reason, reason_len);
 }
 
 expanse_status workspace_size(const expanse_op* op, size_t* bytes) {
-  try {
-    const device_props& props = props_of(device_of(*op));
-    const implementation* impl = choose(*op, props, nullptr);
-    *bytes = 0;
-    if (impl == nullptr) return EXPANSE_ERROR_UNSUPPORTED;
-    workspace ws = workspace::for_sizing();
-    launch_context lc{nullptr, ws, props};
-    impl->run(*op, lc);
-    *bytes = ws.used();
-    return EXPANSE_OK;
-  } catch (const std::exception&) {
-    return EXPANSE_ERROR_INTERNAL;
-  }
+  return cuda_dispatcher().workspace_size(*op, props_of(expanse_sdk::device_of(*op)), bytes);
 }
 
 expanse_status run(const expanse_op* op, const expanse_exec* exec, char* err, size_t err_len) {
-  try {
-    const int32_t device = exec->device;
-    const cudaError_t set = cudaSetDevice(device);
-    if (set != cudaSuccess) return cuda_failure(set, "cudaSetDevice", err, err_len);
-    const device_props& props = props_of(device);
-    std::string why;
-    const implementation* impl = choose(*op, props, &why);
-    if (impl == nullptr) {
-      write_text(err, err_len, "cuda: " + why);
-      return EXPANSE_ERROR_UNSUPPORTED;
-    }
-    // Size first, so a too-small workspace is reported before anything is enqueued.
-    workspace sizing = workspace::for_sizing();
-    launch_context probe{nullptr, sizing, props};
-    impl->run(*op, probe);
-    if (sizing.used() > exec->workspace_bytes) {
-      write_text(err, err_len, "cuda: " + std::string(op_name(op->kind)) + " needs a workspace of " +
-                                   std::to_string(sizing.used()) + " bytes, got " + std::to_string(exec->workspace_bytes));
-      return EXPANSE_ERROR_WORKSPACE;
-    }
-    workspace ws(exec->workspace, exec->workspace_bytes);
-    launch_context lc{static_cast<cudaStream_t>(exec->stream), ws, props};
-    impl->run(*op, lc);
-    return EXPANSE_OK;
-  } catch (const std::exception& e) {
-    write_text(err, err_len, std::string("cuda: ") + e.what());
-    return EXPANSE_ERROR_INTERNAL;
-  }
+  const cudaError_t set = cudaSetDevice(exec->device);
+  if (set != cudaSuccess) return cuda_failure(set, "cudaSetDevice", err, err_len);
+  return cuda_dispatcher().run(*op, props_of(exec->device), *exec, err, err_len);
 }
 
 expanse_status memory_alloc(int32_t device, size_t bytes, void** ptr, char* err, size_t err_len) {

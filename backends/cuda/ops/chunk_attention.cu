@@ -125,7 +125,7 @@ void launch_simple_chunk_attention(const attention_inputs& in, const gates& g, c
 
 std::string flash_chunk_attention_declines(const expanse_problem& pb, const attention_inputs& in,
                                            const device_props& props) {
-  if (props.cc_major < 8) return "needs compute capability 8.0 or newer";
+  (void)props;
   if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
   if (!head_dim_ok(pb.d) || !head_dim_ok(pb.e)) return "d and e must be 32, 64 or 128";
   if (in.q.strides[3] != 1 || in.k.strides[3] != 1 || in.v.strides[3] != 1) return "q, k and v need a contiguous last dim";
@@ -167,10 +167,10 @@ void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, co
   check_launch("flash chunk_attention");
 }
 
-const std::vector<implementation>& chunk_attention_impls() {
-  static const std::vector<implementation> list = {{"flash", flash_declines, flash_run},
-                                                   {"simple", simple_declines, simple_run}};
-  return list;
-}
+namespace {
+const registered_list kList(cuda_lists(), EXPANSE_OP_CHUNK_ATTENTION,
+                            {{"flash", sm80, flash_declines, flash_run},
+                             {"simple", expanse_sdk::any_device, simple_declines, simple_run}});
+}  // namespace
 
 }  // namespace expanse_cuda

@@ -53,13 +53,7 @@ void launch_with_smem(void (*kernel)(Params), int64_t ctas, int threads, size_t 
 // The reasons every implementation of this backend shares: no f64 (that is the reference's oracle
 // mode), f32 states and gates, indices of phi that fit the table.
 std::string common_declines(const expanse_op& op);
-// Whether the Hopper kernels (wgmma, sm_90a) can run on this device: compute capability 9.0 and a
-// build that includes sm_90a code (ops/phi_table.cu).
-bool sm90a_available(const device_props& props);
 inline bool is_f32(const expanse_tensor* t) { return t == nullptr || t->dtype == EXPANSE_F32; }
-
-// The phi table of the problem's p, d and layout, built in the workspace (ops/phi_table.cu).
-const phi_entry* make_phi_table(const expanse_problem& pb, launch_context& lc);
 
 // The phi table and, where the layout has one, its block form (kernels/common.cuh, phi_block), for
 // the state operations (ops/phi_table.cu).
@@ -67,6 +61,18 @@ struct phi_tables {
   const phi_entry* rows = nullptr;
   phi_blocks blocks;
 };
+
+// What a composed operation (power_attention) makes once for all its steps, handed to them as
+// launch_context::prepared: make_phi_table(s) and make_gates then return these instead of building
+// their own.
+struct step_inputs {
+  phi_tables phi;  // empty where no step reads phi
+  gates g;
+};
+inline const step_inputs* prepared_of(const launch_context& lc) { return static_cast<const step_inputs*>(lc.prepared); }
+
+// The phi table of the problem's p, d and layout, built in the workspace (ops/phi_table.cu).
+const phi_entry* make_phi_table(const expanse_problem& pb, launch_context& lc);
 phi_tables make_phi_tables(const expanse_problem& pb, launch_context& lc);
 // The number of phi blocks of the problem's expansion; 0 when its layout has no block form.
 int64_t phi_block_count(const expanse_problem& pb);

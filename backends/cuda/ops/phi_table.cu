@@ -126,6 +126,7 @@ int64_t host_binomial(int64_t n, int k) {
 }  // namespace
 
 const phi_entry* make_phi_table(const expanse_problem& pb, launch_context& lc) {
+  if (const step_inputs* prepared = prepared_of(lc)) return prepared->phi.rows;
   phi_entry* table = lc.ws.take<phi_entry>(static_cast<size_t>(pb.D));
   if (lc.ws.sizing()) return table;
   build_phi_table<<<grid_for(pb.D, 256), 256, 0, lc.stream>>>(table, pb.D, pb.p, pb.d, pb.layout.kind,
@@ -146,6 +147,7 @@ int64_t phi_block_count(const expanse_problem& pb) {
 }
 
 phi_tables make_phi_tables(const expanse_problem& pb, launch_context& lc) {
+  if (const step_inputs* prepared = prepared_of(lc)) return prepared->phi;
   phi_tables t;
   t.rows = make_phi_table(pb, lc);
   t.blocks.count = phi_block_count(pb);
@@ -169,26 +171,6 @@ std::string common_declines(const expanse_op& op) {
   if (pb.d > 65535) return "d must be at most 65535";
   if (pb.p > kMaxDegree) return "p must be at most 6";
   return {};
-}
-
-// An empty kernel whose loaded code tells which architecture this module was built for on a device.
-__global__ void probe_architecture_kernel() {}
-
-bool sm90a_available(const device_props& props) {
-#ifndef EXPANSE_CUDA_HAS_SM90A  // set by CMake when the architectures include 90a
-  (void)props;
-  return false;
-#else
-  if (props.cc_major != 9 || props.cc_minor != 0) return false;
-  // Evaluated on the first compute capability 9.0 device: the code loaded for it is sm_90a's
-  // (binary version 90), not a newer architecture's PTX compiled at load time.
-  static const bool present = [] {
-    cudaFuncAttributes attributes{};
-    return cudaFuncGetAttributes(&attributes, probe_architecture_kernel) == cudaSuccess &&
-           attributes.binaryVersion == 90;
-  }();
-  return present;
-#endif
 }
 
 expanse_tensor f32_view(float* data, std::initializer_list<int64_t> shape, int32_t device) {

@@ -1,19 +1,22 @@
-// power_attention: the chunked algorithm composed from the core kernels, on workspace tensors:
+// power_attention: the chunked algorithm composed from the other operations, on workspace tensors:
 //   1. chunk_attention -> (y, l, rowmax)                        intra-chunk terms
 //   2. update_state -> per-chunk states; discumsum in place     states entering each chunk, final state
 //   3. query_state with the intra terms -> o                    inter-chunk terms, combined, normalized
 // The quadratic form is the same with one chunk (c = t): step 2 then only runs for an initial or
-// final state. Each step uses its fastest kernel that takes the shape (wgmma/mma/flash), else its
-// simple kernel.
-#include "gpu/kernels/discumsum.hpp"
+// final state. Each step runs through its operation's implementation list (the fastest that takes
+// the step's problem; EXPANSE_CUDA_SKIP and EXPANSE_CUDA_VERBOSE apply), on the phi table and gate
+// sums made once here for all of them.
 #include "ops/op_common.hpp"
 #include "ops/state_ops.hpp"
 
 namespace expanse_cuda {
 namespace {
 
+// The memo slots of the steps' choices (dispatcher::run_step).
+enum step_slot { kChunkAttention = 1, kUpdateState, kDiscumsumS, kDiscumsumZ, kQueryState };
+
 std::string declines(const expanse_op& op, const device_props&) {
-  const auto& a = *static_cast<const expanse_power_attention_args*>(op.args);
+  const auto& a = args_of<expanse_power_attention_args>(op);
   std::string why = common_declines(op);
   if (why.empty() && (!is_f32(a.log_g) || !is_f32(a.initial_S) || !is_f32(a.initial_z) || !is_f32(a.final_S) ||
                       !is_f32(a.final_z)))
@@ -30,62 +33,73 @@ expanse_tensor totals_view(const gates& g, const expanse_problem& pb, int32_t de
   return A;
 }
 
+// A step's problem: the composed one's sizes, with the dtypes and flags of the step's tensors.
+expanse_problem step_problem(const expanse_problem& pb, int32_t input_dtype, int32_t output_dtype) {
+  expanse_problem step = pb;
+  step.input_dtype = input_dtype;
+  step.output_dtype = output_dtype;
+  step.state_dtype = EXPANSE_F32;
+  step.has_initial_state = step.want_final_state = step.has_intra = 0;
+  return step;
+}
+
 void run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
-  const auto& a = *static_cast<const expanse_power_attention_args*>(op.args);
+  const auto& a = args_of<expanse_power_attention_args>(op);
   const int32_t dev = a.q->device_id;
   const bool need_states = pb.n > 1 || pb.has_initial_state || pb.want_final_state;
   const bool need_z = pb.normalize || a.final_z != nullptr;
 
-  const phi_tables phi = need_states ? make_phi_tables(pb, lc) : phi_tables{};
-  const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
-  float* y = lc.ws.take<float>(size_t(pb.b * pb.t * pb.hq * pb.e));
-  float* l = lc.ws.take<float>(size_t(pb.b * pb.t * pb.hq));
-  float* rowmax = lc.ws.take<float>(size_t(pb.b * pb.t * pb.hq));
-  float* S = need_states ? lc.ws.take<float>(size_t(pb.b * pb.n * pb.h * pb.D * pb.e)) : nullptr;
-  float* z = need_states && need_z ? lc.ws.take<float>(size_t(pb.b * pb.n * pb.h * pb.D)) : nullptr;
-  const f16_state_scratch f16 = need_states && f16_query_state_takes_workspace_states(pb, *a.q, lc.props)
-                                    ? take_f16_state_scratch(pb, lc.ws)
-                                    : f16_state_scratch{};
-  if (lc.ws.sizing()) return;
+  step_inputs shared;
+  shared.phi = need_states ? make_phi_tables(pb, lc) : phi_tables{};
+  shared.g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
+  expanse_tensor y = f32_view(lc.ws.take<float>(size_t(pb.b * pb.t * pb.hq * pb.e)), {pb.b, pb.t, pb.hq, pb.e}, dev);
+  expanse_tensor l = f32_view(lc.ws.take<float>(size_t(pb.b * pb.t * pb.hq)), {pb.b, pb.t, pb.hq}, dev);
+  expanse_tensor rowmax = f32_view(lc.ws.take<float>(size_t(pb.b * pb.t * pb.hq)), {pb.b, pb.t, pb.hq}, dev);
+  expanse_tensor S{}, z{};
+  if (need_states) S = f32_view(lc.ws.take<float>(size_t(pb.b * pb.n * pb.h * pb.D * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
+  if (need_states && need_z) z = f32_view(lc.ws.take<float>(size_t(pb.b * pb.n * pb.h * pb.D)), {pb.b, pb.n, pb.h, pb.D}, dev);
+  launch_context steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &shared};
+  auto run_step = [&](expanse_op_kind kind, const void* args, const expanse_problem& problem, int slot) {
+    const expanse_op step{kind, args, &problem, nullptr};
+    lc.dispatch.run_step(step, slot, steps);
+  };
 
   // 1. Intra-chunk attention.
-  attention_inputs att{};
-  att.q = *a.q; att.k = *a.k; att.v = *a.v;
-  att.y = f32_view(y, {pb.b, pb.t, pb.hq, pb.e}, dev);
-  att.l = f32_view(l, {pb.b, pb.t, pb.hq}, dev);
-  att.rowmax = f32_view(rowmax, {pb.b, pb.t, pb.hq}, dev);
-  if (flash_chunk_attention_declines(pb, att, lc.props).empty()) launch_flash_chunk_attention(att, g, pb, lc);
-  else launch_simple_chunk_attention(att, g, pb, lc.stream);
+  expanse_chunk_attention_args att{a.q, a.k, a.v, a.log_g, &y, &l, &rowmax, pb.p, pb.scale, pb.c};
+  const expanse_problem att_pb = step_problem(pb, pb.input_dtype, EXPANSE_F32);
+  run_step(EXPANSE_OP_CHUNK_ATTENTION, &att, att_pb, kChunkAttention);
 
   // 2. States entering each chunk (and the final state).
-  query_inputs qin{};
-  qin.q = *a.q;
-  qin.y = att.y; qin.l = att.l; qin.rowmax = att.rowmax;
-  qin.o = *a.o;
   if (need_states) {
-    const expanse_tensor Sv = f32_view(S, {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
-    expanse_tensor zv{};
-    if (z) zv = f32_view(z, {pb.b, pb.n, pb.h, pb.D}, dev);
-    launch_update_state(*a.k, *a.v, g, phi, pb, Sv, z ? &zv : nullptr, lc);
+    expanse_update_state_args upd{a.k, a.v, a.log_g, &S, z.data ? &z : nullptr, pb.p, pb.c, pb.layout};
+    const expanse_problem upd_pb = step_problem(pb, pb.input_dtype, EXPANSE_F32);
+    run_step(EXPANSE_OP_UPDATE_STATE, &upd, upd_pb, kUpdateState);
+
     expanse_tensor A{};
-    if (g.total) A = totals_view(g, pb, dev);
-    using expanse_gpu::launch_discumsum, expanse_gpu::with_chunk_axis;
-    launch_discumsum(Sv, A, with_chunk_axis(a.initial_S), Sv, with_chunk_axis(a.final_S), pb.n, EXPANSE_F32, lc.stream);
-    if (z) launch_discumsum(zv, A, with_chunk_axis(a.initial_z), zv, with_chunk_axis(a.final_z), pb.n, EXPANSE_F32, lc.stream);
-    qin.S = Sv;
-    qin.z = zv;
+    if (shared.g.total) A = totals_view(shared.g, pb, dev);
+    auto scan = [&](expanse_tensor& X, const expanse_tensor* initial, const expanse_tensor* final_state, int64_t rows,
+                    int slot) {
+      const discumsum_step_args scan_args{{&X, A.data ? &A : nullptr, initial, &X}, final_state};
+      expanse_problem scan_pb = step_problem(pb, EXPANSE_F32, EXPANSE_F32);
+      scan_pb.rows = rows;
+      scan_pb.has_initial_state = initial != nullptr;
+      scan_pb.want_final_state = 1;  // the step form (discumsum_step_args)
+      run_step(EXPANSE_OP_DISCUMSUM, &scan_args, scan_pb, slot);
+    };
+    scan(S, a.initial_S, a.final_S, pb.D * pb.e, kDiscumsumS);
+    if (z.data) scan(z, a.initial_z, a.final_z, pb.D, kDiscumsumZ);
   }
 
   // 3. Inter-chunk terms combined with the intra-chunk ones.
-  launch_query_state(qin, g, phi, f16, pb, pb.normalize != 0, lc);
+  expanse_query_state_args qs{a.q,  S.data ? &S : nullptr, z.data ? &z : nullptr, a.log_g, &y, &l, &rowmax, a.o,
+                              pb.p, pb.scale, pb.c, pb.normalize, pb.layout};
+  expanse_problem qs_pb = step_problem(pb, pb.input_dtype, pb.output_dtype);
+  qs_pb.has_intra = 1;
+  run_step(EXPANSE_OP_QUERY_STATE, &qs, qs_pb, kQueryState);
 }
+
+const registered_list kList(cuda_lists(), EXPANSE_OP_POWER_ATTENTION, {{"chunked", expanse_sdk::any_device, declines, run}});
 
 }  // namespace
-
-const std::vector<implementation>& power_attention_impls() {
-  static const std::vector<implementation> list = {{"chunked", declines, run}};
-  return list;
-}
-
 }  // namespace expanse_cuda

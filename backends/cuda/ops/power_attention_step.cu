@@ -101,11 +101,9 @@ void run(const expanse_op& op, launch_context& lc) {
   });
 }
 
-}  // namespace
+const registered_list kList(cuda_lists(), EXPANSE_OP_POWER_ATTENTION_STEP,
+                            {{"fused", expanse_sdk::any_device, declines, run}});
 
-const std::vector<implementation>& power_attention_step_impls() {
-  static const std::vector<implementation> list = {{"fused", declines, run}};
-  return list;
-}
+}  // namespace
 
 }  // namespace expanse_cuda

@@ -75,7 +75,7 @@ float scale_power(const expanse_problem& pb) { return static_cast<float>(std::po
 query_inputs inputs_of(const expanse_query_state_args& a) {
   query_inputs in{};
   in.q = *a.q;
-  in.S = *a.S;
+  if (a.S) in.S = *a.S;  // absent only in a step of power_attention without states: no inter-chunk term
   if (a.z) in.z = *a.z;
   if (a.y) {
     in.y = *a.y;
@@ -155,7 +155,7 @@ void launch_simple_query_state(const query_inputs& in, const gates& g, const phi
 }
 
 std::string mma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props) {
-  if (props.cc_major < 8) return "needs compute capability 8.0 or newer";
+  (void)props;
   if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
   if (pb.p > 4) return "p must be at most 4";
   // f16 keeps 5 exponent bits: products of 3 or 4 entries fall into its subnormals and lose the
@@ -226,7 +226,6 @@ void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_ta
 }
 
 std::string wgmma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props) {
-  if (!sm90a_available(props)) return "needs a compute capability 9.0 device and this build's sm_90a code";
   return mma_query_state_declines(pb, in, props);
 }
 
@@ -286,14 +285,6 @@ std::string f16_query_state_declines(const expanse_problem& pb, const query_inpu
   // inputs, too close to the 5e-3 bound for fresh random inputs; the split form keeps 1.7e-3 there.
   if (pb.p != 2) return "p must be 2 (p = 3, 4 keep the split form's accuracy)";
   return blocked_declines<true>(pb, in, props);
-}
-
-bool f16_query_state_takes_workspace_states(const expanse_problem& pb, const expanse_tensor& q, const device_props& props) {
-  query_inputs in{};
-  in.q = q;
-  // A stand-in for the contiguous workspace states (only their strides and alignment are checked).
-  in.S = f32_view(reinterpret_cast<float*>(uintptr_t(256)), {pb.b, pb.n, pb.h, pb.D, pb.e}, q.device_id);
-  return f16_query_state_declines(pb, in, props).empty();
 }
 
 f16_state_scratch take_f16_state_scratch(const expanse_problem& pb, workspace& ws) {
@@ -406,35 +397,21 @@ void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_ta
     P.stage_y = y_rows && bytes(8, true) <= lc.props.smem_optin;  // with at least 8 B tiles in flight
     P.ring = kMaxBuffers;
     while (P.ring > kMinBuffers && bytes(P.ring, P.stage_y != 0) > lc.props.smem_optin) --P.ring;
-    launch_with_smem(f16_query_state_kernel<T, E, MT>, std::min<int64_t>(tiles, std::max(lc.props.sm_count, 1)),
+    launch_with_smem(f16_query_state_kernel<T, E, MT>, std::min<int64_t>(tiles, std::max(lc.props.multiprocessors, 1)),
                      kThreads, bytes(P.ring, P.stage_y != 0), lc.stream, P);
   });
   check_launch("f16 query_state");
 }
 
-void launch_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const f16_state_scratch& f16,
-                        const expanse_problem& pb, bool normalize, launch_context& lc) {
-  if (f16.scales != nullptr && f16_query_state_declines(pb, in, lc.props).empty())
-    launch_f16_query_state(in, g, phi, f16, pb, normalize, lc);
-  else if (blocked_query_state_declines(pb, in, lc.props).empty())
-    launch_blocked_query_state(in, g, phi, pb, normalize, lc);
-  else if (wgmma_query_state_declines(pb, in, lc.props).empty())
-    launch_wgmma_query_state(in, g, phi, pb, normalize, lc);
-  else if (mma_query_state_declines(pb, in, lc.props).empty())
-    launch_mma_query_state(in, g, phi, pb, normalize, lc);
-  else
-    launch_simple_query_state(in, g, phi, pb, normalize, lc.stream);
-}
-
-const std::vector<implementation>& query_state_impls() {
-  static const std::vector<implementation> list = {
-      {"wgmma_f16", tensor_core_declines<f16_query_state_declines>, f16_run},
-      {"wgmma_blocked", tensor_core_declines<blocked_query_state_declines>,
-       tensor_core_run<launch_blocked_query_state>},
-      {"wgmma", tensor_core_declines<wgmma_query_state_declines>, tensor_core_run<launch_wgmma_query_state>},
-      {"mma", tensor_core_declines<mma_query_state_declines>, tensor_core_run<launch_mma_query_state>},
-      {"simple", simple_declines, simple_run}};
-  return list;
-}
+namespace {
+const registered_list kList(
+    cuda_lists(), EXPANSE_OP_QUERY_STATE,
+    {{"wgmma_f16", sm90a, tensor_core_declines<f16_query_state_declines>, f16_run},
+     {"wgmma_blocked", sm90a, tensor_core_declines<blocked_query_state_declines>,
+      tensor_core_run<launch_blocked_query_state>},
+     {"wgmma", sm90a, tensor_core_declines<wgmma_query_state_declines>, tensor_core_run<launch_wgmma_query_state>},
+     {"mma", sm80, tensor_core_declines<mma_query_state_declines>, tensor_core_run<launch_mma_query_state>},
+     {"simple", expanse_sdk::any_device, simple_declines, simple_run}});
+}  // namespace
 
 }  // namespace expanse_cuda

@@ -1,5 +1,5 @@
-// Launchers of the state kernels, shared by the public operations and by power_attention, which
-// composes them on workspace tensors.
+// Launchers of the state kernels, each used by its operation's implementation list (power_attention
+// runs its steps through those lists), and the discumsum step's arguments.
 #pragma once
 
 #include <string>
@@ -29,12 +29,15 @@ std::string blocked_update_state_declines(const expanse_problem& pb, const expan
 void launch_blocked_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
                                  const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
                                  const expanse_tensor* z, launch_context& lc);
-// The fastest kernel that takes the problem (the order of update_state's implementation list).
-void launch_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
-                         const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
-                         launch_context& lc);
 
-// discumsum: expanse_gpu::launch_discumsum (gpu/kernels/discumsum.hpp), shared with the HIP backend.
+// discumsum as a step of power_attention: Y holds the n states entering the chunks (in place over X)
+// and the state after the last chunk goes to final_state (null: not wanted), which the public
+// operation's Y (n + 1 slots) cannot express. The step's problem has want_final_state set, which a
+// public discumsum's never has; its A may be absent (no gates: no decay).
+struct discumsum_step_args {
+  expanse_discumsum_args op;
+  const expanse_tensor* final_state;
+};
 
 // query_state (ops/query_state.cu). S/z with null data: no inter-chunk term. y/l/rowmax with null
 // data: no intra-chunk term.
@@ -59,17 +62,9 @@ struct f16_state_scratch {
   __half* tiles = nullptr;
 };
 std::string f16_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
-// Whether the F16 kernel takes this problem when its states are contiguous workspace tensors
-// (power_attention's), so that the caller takes its scratch in its sizing pass too.
-bool f16_query_state_takes_workspace_states(const expanse_problem& pb, const expanse_tensor& q, const device_props& props);
 f16_state_scratch take_f16_state_scratch(const expanse_problem& pb, workspace& ws);
 void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const f16_state_scratch& f16,
                             const expanse_problem& pb, bool normalize, launch_context& lc);
-// The fastest kernel that takes the problem (the order of query_state's implementation list); the F16
-// kernel only with its scratch taken.
-void launch_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const f16_state_scratch& f16,
-                        const expanse_problem& pb, bool normalize, launch_context& lc);
-
 // chunk_attention (ops/chunk_attention.cu).
 struct attention_inputs {
   expanse_tensor q, k, v, y, l, rowmax;

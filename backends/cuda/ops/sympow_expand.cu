@@ -38,11 +38,9 @@ void simple_run(const expanse_op& op, launch_context& lc) {
   check_launch("sympow_expand");
 }
 
-}  // namespace
+const registered_list kList(cuda_lists(), EXPANSE_OP_SYMPOW_EXPAND,
+                            {{"simple", expanse_sdk::any_device, simple_declines, simple_run}});
 
-const std::vector<implementation>& sympow_expand_impls() {
-  static const std::vector<implementation> list = {{"simple", simple_declines, simple_run}};
-  return list;
-}
+}  // namespace
 
 }  // namespace expanse_cuda

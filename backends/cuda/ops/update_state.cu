@@ -113,7 +113,7 @@ static bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 
 std::string mma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
                                       const expanse_tensor& S, const expanse_tensor* z, const device_props& props) {
-  if (props.cc_major < 8) return "needs compute capability 8.0 or newer";
+  (void)props;
   if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
   if (pb.p > 4) return "p must be at most 4";
   // f16 keeps 5 exponent bits: products of 3 or 4 entries fall into its subnormals and lose the
@@ -147,7 +147,6 @@ void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, c
 
 std::string wgmma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
                                         const expanse_tensor& S, const expanse_tensor* z, const device_props& props) {
-  if (!sm90a_available(props)) return "needs a compute capability 9.0 device and this build's sm_90a code";
   return mma_update_state_declines(pb, k, v, S, z, props);
 }
 
@@ -211,7 +210,7 @@ void launch_blocked_update_state(const expanse_tensor& k, const expanse_tensor& 
         }
     auto launch = [&](auto kernel) {
       // One persistent CTA per SM (at most one per tile).
-      launch_with_smem(kernel, std::min<int64_t>(P.tile_count, std::max(lc.props.sm_count, 1)), kThreads, bytes(),
+      launch_with_smem(kernel, std::min<int64_t>(P.tile_count, std::max(lc.props.multiprocessors, 1)), kThreads, bytes(),
                        lc.stream, P);
     };
     if (pb.p == 2) launch(blocked_update_state_kernel<T, DH, E, 2>);
@@ -220,29 +219,14 @@ void launch_blocked_update_state(const expanse_tensor& k, const expanse_tensor& 
   check_launch("blocked update_state");
 }
 
-void launch_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
-                         const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
-                         launch_context& lc) {
-  if (blocked_update_state_declines(pb, k, v, S, z, lc.props).empty()) {
-    launch_blocked_update_state(k, v, g, phi, pb, S, z, lc);
-  } else if (wgmma_update_state_declines(pb, k, v, S, z, lc.props).empty()) {
-    launch_wgmma_update_state(k, v, g, phi, pb, S, z, lc);
-  } else if (mma_update_state_declines(pb, k, v, S, z, lc.props).empty()) {
-    launch_mma_update_state(k, v, g, phi, pb, S, z, lc);
-  } else {
-    expanse_tensor none{};
-    launch_simple_update_state(k, v, g, phi, pb, S, z ? *z : none, lc.stream);
-  }
-}
-
-const std::vector<implementation>& update_state_impls() {
-  static const std::vector<implementation> list = {
-      {"wgmma_blocked", tensor_core_declines<blocked_update_state_declines>,
-       tensor_core_run<launch_blocked_update_state>},
-      {"wgmma", tensor_core_declines<wgmma_update_state_declines>, tensor_core_run<launch_wgmma_update_state>},
-      {"mma", tensor_core_declines<mma_update_state_declines>, tensor_core_run<launch_mma_update_state>},
-      {"simple", simple_declines, simple_run}};
-  return list;
-}
+namespace {
+const registered_list kList(
+    cuda_lists(), EXPANSE_OP_UPDATE_STATE,
+    {{"wgmma_blocked", sm90a, tensor_core_declines<blocked_update_state_declines>,
+      tensor_core_run<launch_blocked_update_state>},
+     {"wgmma", sm90a, tensor_core_declines<wgmma_update_state_declines>, tensor_core_run<launch_wgmma_update_state>},
+     {"mma", sm80, tensor_core_declines<mma_update_state_declines>, tensor_core_run<launch_mma_update_state>},
+     {"simple", expanse_sdk::any_device, simple_declines, simple_run}});
+}  // namespace
 
 }  // namespace expanse_cuda
