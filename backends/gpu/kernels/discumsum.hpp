@@ -53,10 +53,11 @@ __global__ void discumsum_kernel(expanse_tensor X, expanse_tensor A, expanse_ten
 #pragma unroll
       for (int j = 0; j < kDiscumsumAhead; ++j) {
         const int64_t m = m0 + j;
-        if (m < n) {
-          ys[m * Y.strides[1]] = y;
-          y = decay[j] * y + x[j];
-        }
+        // A break, not a guarded body: with `if (m < n) { ... }` nvcc's code made power_attention
+        // 12% slower at t = 16384 and 18% at 65536 (H100, in place on f32 states).
+        if (m >= n) break;
+        ys[m * Y.strides[1]] = y;
+        y = decay[j] * y + x[j];
       }
     }
     if (fin.data) *f32_at(fin, batch * fin.strides[0] + head * fin.strides[2] + trailing_offset(X, fin, elem)) = y;
