@@ -19,7 +19,7 @@
 
 #include "cli_options.hpp"
 #include "commands.hpp"
-#include "expanse/expanse.h"
+#include "expanse/expanse.hpp"
 #include "npy.hpp"
 
 using namespace expanse_cli;
@@ -141,12 +141,7 @@ struct OpTables {
   std::vector<expanse_param_info> params;
 };
 
-OpTables tables_of(expanse_op_kind kind) {
-  const expanse_tensor_arg_info* t = nullptr;
-  const expanse_param_info* p = nullptr;
-  const int32_t nt = expanse_op_tensor_args(kind, &t), np = expanse_op_params(kind, &p);
-  return {kind, {t, t + std::max(nt, 0)}, {p, p + std::max(np, 0)}};
-}
+OpTables tables_of(expanse_op_kind kind) { return {kind, expanse::tensor_args(kind), expanse::params(kind)}; }
 
 // "[b,t,hq,d]" from the shape rule "b t hq d".
 std::string dims_text(const char* dims) {

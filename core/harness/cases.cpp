@@ -111,13 +111,7 @@ struct op_tables {
   std::vector<expanse_param_info> params;
 };
 
-op_tables tables_of(expanse_op_kind op) {
-  const expanse_tensor_arg_info* t = nullptr;
-  const expanse_param_info* p = nullptr;
-  const int32_t nt = expanse_op_tensor_args(op, &t), np = expanse_op_params(op, &p);
-  if (nt < 0) throw std::invalid_argument("harness: unknown operation " + std::to_string(int(op)));
-  return {{t, t + nt}, {p, p + std::max(np, 0)}};
-}
+op_tables tables_of(expanse_op_kind op) { return {expanse::tensor_args(op), expanse::params(op)}; }
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 

@@ -85,6 +85,20 @@ EXPANSE_OPERATIONS(EXPANSE_OP_CONSTANT)
 #undef EXPANSE_OP_CONSTANT
 }  // namespace ops
 
+// An operation's tables (expanse_op_tensor_args, expanse_op_params) as vectors.
+inline std::vector<expanse_tensor_arg_info> tensor_args(expanse_op_kind op) {
+  const expanse_tensor_arg_info* t = nullptr;
+  const int32_t n = expanse_op_tensor_args(op, &t);
+  if (n < 0) throw error(EXPANSE_ERROR_INVALID_ARGUMENT, "unknown operation kind " + std::to_string(int(op)));
+  return {t, t + n};
+}
+inline std::vector<expanse_param_info> params(expanse_op_kind op) {
+  const expanse_param_info* p = nullptr;
+  const int32_t n = expanse_op_params(op, &p);
+  if (n < 0) throw error(EXPANSE_ERROR_INVALID_ARGUMENT, "unknown operation kind " + std::to_string(int(op)));
+  return {p, p + n};
+}
+
 // Argument structs with the library's defaults.
 #define EXPANSE_ARGS_FACTORY(name, NAME)                  \
   inline expanse_##name##_args name##_args() {            \
