@@ -9,14 +9,12 @@
 #include <cstdint>
 
 #include "expanse/backend.h"
+#include "gpu/vendor.hpp"
 
 namespace expanse_cuda {
 
 // ------------------------------------------------------------------ element types
-template <class T> __device__ __forceinline__ float to_f32(T x);
-template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+using expanse_gpu::to_f32;  // f32, f16, bf16 (gpu/vendor.hpp)
 
 template <class T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
@@ -132,15 +130,9 @@ struct gates {
   }
 };
 
-// Grid-stride loop over [0, count).
-#define EXPANSE_GRID_LOOP(i, count)                                                              \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (count);  \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-inline unsigned grid_for(int64_t count, int threads) {
-  const int64_t blocks = (count + threads - 1) / threads;
-  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks));
-}
+// Grid-stride loop over [0, count), and a grid for it (gpu/vendor.hpp).
+#define EXPANSE_GRID_LOOP EXPANSE_GPU_GRID_LOOP
+using expanse_gpu::grid_for;
 
 // ------------------------------------------------------------------ CTA coordinates
 // The coordinates of a CTA of the chunked kernels, numbered
