@@ -39,9 +39,6 @@ const expanse_sdk::dispatcher& cuda_dispatcher();
 // Whether a compute capability 9.0 device runs this module's sm_90a code (arch_probe.cu).
 bool sm90a_code_loads();
 
-// Throws std::runtime_error with the CUDA error text when the last launch failed.
-void check_launch(const char* what);
-
 // power_attention's chunk size for EXPANSE_CHUNK_AUTO (0: the quadratic form), chunk_choice.cpp.
 int64_t choose_chunk_size(const expanse_problem* problem);
 

@@ -1,7 +1,7 @@
 // The one place where CUDA and HIP differ for the GPU code both backends share (backends/gpu/): the
 // runtime header, the 16-bit float types and their conversions, the stream and error calls, the
-// width of a warp. Everything under backends/gpu/ is written against these names only, and
-// compiled by nvcc into libexpanse-cuda.so and by hipcc into libexpanse-hip.so.
+// shuffles and the width of a warp. Everything under backends/gpu/ is written against these names
+// only, and compiled by nvcc into libexpanse-cuda.so and by hipcc into libexpanse-hip.so.
 #pragma once
 
 #if defined(__HIPCC__)
@@ -14,7 +14,6 @@
 #include <cuda_runtime.h>
 #endif
 
-#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -24,13 +23,17 @@ namespace expanse_gpu {
 using stream_t = hipStream_t;
 using error_t = hipError_t;
 using half_t = __half;
-using bfloat16_t = hip_bfloat16;
-// A wavefront of CDNA (gfx90a, gfx94x) has 64 lanes; code that needs a warp's width reads this.
+using bfloat16_t = hip_bfloat16;  // ROCm 5.2 has no __hip_bfloat16 yet
+// A wavefront of CDNA (gfx90a, gfx94x) has 64 lanes. The shared kernels work in groups of 32 lanes
+// (shfl_xor_32), which both widths hold; kernels written for one width read kWarpSize.
 constexpr int kWarpSize = 64;
 inline error_t last_error() { return hipGetLastError(); }
 inline bool failed(error_t e) { return e != hipSuccess; }
 inline const char* error_text(error_t e) { return hipGetErrorString(e); }
-__device__ __forceinline__ float to_f32(bfloat16_t x) { return static_cast<float>(x); }
+__device__ __forceinline__ float bf16_to_f32(bfloat16_t x) { return static_cast<float>(x); }
+__device__ __forceinline__ bfloat16_t f32_to_bf16(float x) { return bfloat16_t(x); }  // rounds to nearest even
+// x from the lane `lane ^ mask` of the same group of 32 lanes (a wavefront holds two groups).
+__device__ __forceinline__ float shfl_xor_32(float x, int mask) { return __shfl_xor(x, mask, 32); }
 #else
 using stream_t = cudaStream_t;
 using error_t = cudaError_t;
@@ -40,37 +43,16 @@ constexpr int kWarpSize = 32;
 inline error_t last_error() { return cudaGetLastError(); }
 inline bool failed(error_t e) { return e != cudaSuccess; }
 inline const char* error_text(error_t e) { return cudaGetErrorString(e); }
-__device__ __forceinline__ float to_f32(bfloat16_t x) { return __bfloat162float(x); }
+__device__ __forceinline__ float bf16_to_f32(bfloat16_t x) { return __bfloat162float(x); }
+__device__ __forceinline__ bfloat16_t f32_to_bf16(float x) { return __float2bfloat16_rn(x); }
+// x from the lane `lane ^ mask` of the same group of 32 lanes (a warp); all 32 lanes take part.
+__device__ __forceinline__ float shfl_xor_32(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
 #endif
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(half_t x) { return __half2float(x); }
 
 // Throws std::runtime_error with the runtime's text when the last launch failed.
 inline void check_launch(const char* what) {
   const error_t e = last_error();
   if (failed(e)) throw std::runtime_error(std::string(what) + ": " + error_text(e));
-}
-
-// Calls f with a value of the C++ type of an input dtype (f32, f16 or bf16).
-template <class F>
-void with_input_type(int32_t dtype, F&& f) {
-  switch (dtype) {
-    case 2 /* EXPANSE_F32 */: f(float{}); break;
-    case 0 /* EXPANSE_F16 */: f(half_t{}); break;
-    case 1 /* EXPANSE_BF16 */: f(bfloat16_t{}); break;
-    default: throw std::runtime_error("unsupported input dtype");
-  }
-}
-
-// Grid-stride loop over [0, count), and a grid for it.
-#define EXPANSE_GPU_GRID_LOOP(i, count)                                                          \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (count);  \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-inline unsigned grid_for(int64_t count, int threads) {
-  const int64_t blocks = (count + threads - 1) / threads;
-  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks));
 }
 
 }  // namespace expanse_gpu

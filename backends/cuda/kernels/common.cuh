@@ -1,5 +1,5 @@
-// Device helpers shared by every CUDA kernel: element conversions, strided tensor offsets, the
-// feature-map table and the gate prefix sums.
+// Device helpers of the NVIDIA-only kernels (sm80/, sm90/), on top of the ones every GPU kernel
+// shares (gpu/kernels/common.hpp), whose names the CUDA backend uses unqualified.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,18 +8,11 @@
 
 #include <cstdint>
 
-#include "expanse/backend.h"
-#include "gpu/vendor.hpp"
+#include "gpu/kernels/common.hpp"
 
 namespace expanse_cuda {
 
-// ------------------------------------------------------------------ element types
-using expanse_gpu::to_f32;  // f32, f16, bf16 (gpu/vendor.hpp)
-
-template <class T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+using namespace expanse_gpu;
 
 // 2^x by the special-function unit (ex2.approx: relative error about 2^-22; 2^-inf = 0), where
 // exp2f adds range handling the callers do not need.
@@ -27,133 +20,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-// ------------------------------------------------------------------ strided tensors
-// Offsets (in elements) into an expanse_tensor passed by value to a kernel.
-__device__ __forceinline__ int64_t off3(const expanse_tensor& t, int64_t i0, int64_t i1, int64_t i2) {
-  return i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2];
-}
-__device__ __forceinline__ int64_t off4(const expanse_tensor& t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-  return i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2] + i3 * t.strides[3];
-}
-__device__ __forceinline__ int64_t off5(const expanse_tensor& t, int64_t i0, int64_t i1, int64_t i2, int64_t i3,
-                                        int64_t i4) {
-  return i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2] + i3 * t.strides[3] + i4 * t.strides[4];
-}
-template <class T> __device__ __forceinline__ float load(const expanse_tensor& t, int64_t off) {
-  return to_f32(static_cast<const T*>(t.data)[off]);
-}
-__device__ __forceinline__ float loadf(const expanse_tensor& t, int64_t off) {
-  return static_cast<const float*>(t.data)[off];
-}
-__device__ __forceinline__ float* ptrf(const expanse_tensor& t, int64_t off) { return static_cast<float*>(t.data) + off; }
-
-// ------------------------------------------------------------------ the feature map phi
-// Row r of phi (docs/spec.md): phi_r(x) = coef * x[idx[0]] * ... * x[idx[p-1]]. Built once per call
-// by build_phi_table (ops/phi_table.cu) for any layout, so kernels need no layout logic.
-constexpr int kMaxDegree = 6;
-struct phi_entry {
-  float coef;
-  uint16_t idx[kMaxDegree];
-};
-static_assert(sizeof(phi_entry) == 16, "phi_entry is 16 bytes");
-
-// The same expansion seen as blocks of 64 rows with one shape, for the Hopper kernels that form phi
-// from a few wide shared-memory loads (kernels/sm90/blocked_*): row 8 G + l (G, l < 8) of a block is
-//   coef * x[fixed[0]] * x[fixed[1]] * x[mid + G] * x[last + l]      (a fixed index d is a factor of 1),
-// mid and last multiples of 8. The tiled layout with d_tile 8 is such blocks as it stands (p >= 2);
-// the symmetric layout is read through the tiled:8 rows that are non-decreasing multi-indices (the
-// others are padding: row -1). Built by make_phi_tables (ops/phi_table.cu).
-struct phi_block {
-  uint16_t fixed[2];
-  uint16_t mid, last;
-};
-struct phi_block_row {
-  int32_t row;  // the row of the layout, -1: padding
-  float coef;   // 0 for padding
-};
-struct phi_blocks {
-  const phi_block* block = nullptr;
-  const phi_block_row* row = nullptr;  // 64 per block
-  int64_t count = 0;                   // 0: the layout has no block form
-};
-
-template <class X>  // X(i) returns x_i as float
-__device__ __forceinline__ float phi_value(const phi_entry& row, int p, X x) {
-  float v = row.coef;
-  for (int k = 0; k < p; ++k) v *= x(row.idx[k]);
-  return v;
-}
-
-// ------------------------------------------------------------------ gates
-// Gate prefix sums inside chunks (ops/chunk_gates.cu), for a [b,t,h] log_g:
-//   Gc [b,h,t]: inclusive cumulative sum of log_g inside each chunk (the queries' decay exp(Gc_i)),
-//   total [b,h,n]: the chunk totals A_m (Gc at the chunk's last token; discumsum's decays).
-// A reset (log_g = -inf, docs/spec.md) makes them -inf from there on, which exp() takes exactly,
-// but differences of them would be -inf - (-inf). The differences are taken of sums that restart at
-// resets instead:
-//   restarted [b,h,t]: Gc restarted after each reset (finite), with last_reset [b,h,t] the chunk-local
-//     index of the last reset at or before the token (-1: none): the decay from key j to query i is
-//     exp(restarted_i - restarted_j) when j >= last_reset_i, else 0 (chunk_attention);
-//   key_Gc [b,h,t], key_total [b,h,n]: restarted at the chunk's last reset, +inf for keys before it,
-//     so that exp(key_total - key_Gc_j) is each key's decay to the chunk end (update_state; see keys()).
-// All null when the op is not gated (every gate is then 1).
-struct gates {
-  const float* Gc = nullptr;
-  const float* total = nullptr;
-  const float* restarted = nullptr;
-  const int32_t* last_reset = nullptr;
-  const float* key_Gc = nullptr;
-  const float* key_total = nullptr;
-  // The view update_state's kernels read as (Gc, total): exp(total - Gc_j), reset-safe.
-  gates keys() const {
-    gates k;
-    k.Gc = key_Gc;
-    k.total = key_total;
-    return k;
-  }
-  __device__ __forceinline__ float cum(int64_t bh, int64_t t_len, int64_t i) const {
-    return Gc ? Gc[bh * t_len + i] : 0.f;
-  }
-  __device__ __forceinline__ float chunk_total(int64_t bh, int64_t n, int64_t m) const {
-    return total ? total[bh * n + m] : 0.f;
-  }
-  // The sum restarted after resets, at token i (0 without gates).
-  __device__ __forceinline__ float since_reset(int64_t bh, int64_t t_len, int64_t i) const {
-    return restarted ? restarted[bh * t_len + i] : 0.f;
-  }
-  // The first chunk-local key whose decay to token i is not 0: the last reset at or before i, or the
-  // chunk start.
-  __device__ __forceinline__ int first_key(int64_t bh, int64_t t_len, int64_t i) const {
-    return last_reset ? max(0, last_reset[bh * t_len + i]) : 0;
-  }
-};
-
-// Grid-stride loop over [0, count), and a grid for it (gpu/vendor.hpp).
-#define EXPANSE_GRID_LOOP EXPANSE_GPU_GRID_LOOP
-using expanse_gpu::grid_for;
-
-// ------------------------------------------------------------------ CTA coordinates
-// The coordinates of a CTA of the chunked kernels, numbered
-// blockIdx.x = ((batch * chunks + chunk) * heads + head) * tiles + tile.
-struct cta_coords {
-  int tile;
-  int64_t head, chunk, batch;
-};
-// (Persistent kernels pass the number of the tile they take in place of blockIdx.x.)
-__device__ __forceinline__ cta_coords decode_cta(int tiles, int64_t heads, int64_t chunks, int64_t cta) {
-  cta_coords c;
-  c.tile = static_cast<int>(cta % tiles);
-  cta /= tiles;
-  c.head = cta % heads;
-  cta /= heads;
-  c.chunk = cta % chunks;
-  c.batch = cta / chunks;
-  return c;
-}
-__device__ __forceinline__ cta_coords decode_cta(int tiles, int64_t heads, int64_t chunks) {
-  return decode_cta(tiles, heads, chunks, blockIdx.x);
 }
 
 }  // namespace expanse_cuda

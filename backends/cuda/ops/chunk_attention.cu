@@ -1,101 +1,20 @@
 // chunk_attention: causal power attention inside each chunk, stabilized in log space (y, l, rowmax).
 // Implementations, best first: "flash" (tensor cores, f16/bf16, d and e in {32, 64, 128}),
-// "simple" (one warp per query row, any shape and dtype).
-#include "kernels/portable/flash_chunk_attention.cuh"
+// "simple" (32 lanes per query row, any shape and dtype; shared with the HIP backend,
+// gpu/ops/chunk_attention.cu).
+#include "gpu/ops/implementations.hpp"
+#include "kernels/sm80/flash_chunk_attention.cuh"
 #include "ops/op_common.hpp"
 #include "ops/state_ops.hpp"
 
 namespace expanse_cuda {
 namespace {
 
-constexpr int kColsPerLane = 8;
-
-template <class T>
-__global__ void simple_chunk_attention_kernel(attention_inputs in, gates g, expanse_problem pb) {
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = pb.b * pb.t * pb.hq;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x / 32;
-  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < warps; w += stride) {
-    const int64_t qh = w % pb.hq, i = (w / pb.hq) % pb.t, batch = w / (pb.hq * pb.t);
-    const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv;
-    const int64_t first = (i / pb.c) * pb.c;
-    const float Gi = g.since_reset(bh, pb.t, i);
-    const int64_t qoff = off4(in.q, batch, i, qh, 0);
-    for (int64_t col0 = 0; col0 < pb.e; col0 += 32 * kColsPerLane) {
-      float acc[kColsPerLane];
-      for (int j = 0; j < kColsPerLane; ++j) acc[j] = 0.f;
-      float mx = -INFINITY, lsum = 0.f;
-      for (int64_t j = first + g.first_key(bh, pb.t, i); j <= i; ++j) {  // keys before a reset: decay 0
-        const int64_t koff = off4(in.k, batch, j, kv, 0);
-        float part = 0.f;
-        for (int64_t dim = lane; dim < pb.d; dim += 32)
-          part += load<T>(in.q, qoff + dim * in.q.strides[3]) * load<T>(in.k, koff + dim * in.k.strides[3]);
-        for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-        const float dot = part * static_cast<float>(pb.scale);
-        if (dot == 0.f) continue;
-        const float s = pb.p * logf(fabsf(dot)) + (Gi - g.since_reset(bh, pb.t, j));
-        if (s > mx) {
-          const float alpha = expf(mx - s);  // 0 when mx = -inf
-          for (int c = 0; c < kColsPerLane; ++c) acc[c] *= alpha;
-          lsum *= alpha;
-          mx = s;
-        }
-        float wgt = expf(s - mx);
-        if ((pb.p & 1) && dot < 0.f) wgt = -wgt;
-        lsum += wgt;
-        const int64_t voff = off4(in.v, batch, j, kv, 0);
-#pragma unroll
-        for (int c = 0; c < kColsPerLane; ++c) {
-          const int64_t col = col0 + lane + 32 * c;
-          if (col < pb.e) acc[c] += wgt * load<T>(in.v, voff + col * in.v.strides[3]);
-        }
-      }
-      const bool empty = mx == -INFINITY;
-#pragma unroll
-      for (int c = 0; c < kColsPerLane; ++c) {
-        const int64_t col = col0 + lane + 32 * c;
-        if (col < pb.e) *ptrf(in.y, off4(in.y, batch, i, qh, col)) = empty ? 0.f : acc[c];
-      }
-      if (col0 == 0 && lane == 0) {
-        if (in.l.data) *ptrf(in.l, off3(in.l, batch, i, qh)) = empty ? 0.f : lsum;
-        if (in.rowmax.data) *ptrf(in.rowmax, off3(in.rowmax, batch, i, qh)) = empty ? 0.f : mx;
-      }
-    }
-  }
-}
-
-attention_inputs inputs_of(const expanse_chunk_attention_args& a) {
-  attention_inputs in{};
-  in.q = *a.q; in.k = *a.k; in.v = *a.v; in.y = *a.y;
-  if (a.l) in.l = *a.l;
-  if (a.rowmax) in.rowmax = *a.rowmax;
-  return in;
-}
-
-std::string f32_declines(const expanse_chunk_attention_args& a) {
-  if (!is_f32(a.log_g) || !is_f32(a.y) || !is_f32(a.l) || !is_f32(a.rowmax)) return "log_g, y, l and rowmax must be f32";
-  return {};
-}
-
-std::string simple_declines(const expanse_op& op, const device_props&) {
-  std::string why = common_declines(op);
-  if (why.empty()) why = f32_declines(*static_cast<const expanse_chunk_attention_args*>(op.args));
-  return why;
-}
-
-void simple_run(const expanse_op& op, launch_context& lc) {
-  const expanse_problem& pb = *op.problem;
-  const auto& a = *static_cast<const expanse_chunk_attention_args*>(op.args);
-  const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
-  if (lc.ws.sizing()) return;
-  launch_simple_chunk_attention(inputs_of(a), g, pb, lc.stream);
-}
-
 std::string flash_declines(const expanse_op& op, const device_props& props) {
   const auto& a = *static_cast<const expanse_chunk_attention_args*>(op.args);
   std::string why = common_declines(op);
-  if (why.empty()) why = f32_declines(a);
-  if (why.empty()) why = flash_chunk_attention_declines(*op.problem, inputs_of(a), props);
+  if (why.empty()) why = chunk_attention_f32_declines(a);
+  if (why.empty()) why = flash_chunk_attention_declines(*op.problem, attention_inputs_of(a), props);
   return why;
 }
 
@@ -104,24 +23,13 @@ void flash_run(const expanse_op& op, launch_context& lc) {
   const auto& a = *static_cast<const expanse_chunk_attention_args*>(op.args);
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   if (lc.ws.sizing()) return;
-  launch_flash_chunk_attention(inputs_of(a), g, pb, lc);
+  launch_flash_chunk_attention(attention_inputs_of(a), g, pb, lc);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool head_dim_ok(int64_t x) { return x == 32 || x == 64 || x == 128; }
 
 }  // namespace
-
-void launch_simple_chunk_attention(const attention_inputs& in, const gates& g, const expanse_problem& pb,
-                                   cudaStream_t stream) {
-  const int64_t threads = pb.b * pb.t * pb.hq * 32;
-  if (threads == 0) return;
-  with_input_type(pb.input_dtype, [&](auto tag) {
-    using T = decltype(tag);
-    simple_chunk_attention_kernel<T><<<grid_for(threads, 256), 256, 0, stream>>>(in, g, pb);
-  });
-  check_launch("simple chunk_attention");
-}
 
 std::string flash_chunk_attention_declines(const expanse_problem& pb, const attention_inputs& in,
                                            const device_props& props) {
@@ -170,7 +78,7 @@ void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, co
 namespace {
 const registered_list kList(cuda_lists(), EXPANSE_OP_CHUNK_ATTENTION,
                             {{"flash", sm80, flash_declines, flash_run},
-                             {"simple", expanse_sdk::any_device, simple_declines, simple_run}});
+                             expanse_gpu::chunk_attention_simple});
 }  // namespace
 
 }  // namespace expanse_cuda

@@ -8,10 +8,10 @@
 //   lo b16 splits, three products per step (kernels/sm90/blocked_query_state.cuh);
 // - "wgmma" (expand-MMA on Hopper's warpgroup tensor cores) and "mma" (on the tensor cores of sm_80
 //   and later), which take the same shapes;
-// - "simple" (one warp per query token and head, any shape and dtype).
-#include <cmath>
-
-#include "kernels/portable/mma_query_state.cuh"
+// - "simple" (32 lanes per query token and head, any shape and dtype; shared with the HIP backend,
+//   gpu/ops/query_state.cu).
+#include "gpu/ops/implementations.hpp"
+#include "kernels/sm80/mma_query_state.cuh"
 #include "kernels/sm90/blocked_query_state.cuh"
 #include "kernels/sm90/f16_query_state.cuh"
 #include "kernels/sm90/f16_state_tiles_clustered.cuh"
@@ -22,98 +22,12 @@
 namespace expanse_cuda {
 namespace {
 
-constexpr int kColsPerLane = 8;  // a warp covers 256 output columns per pass
-
-template <class T>
-__global__ void simple_query_state_kernel(query_inputs in, gates g, const phi_entry* table, expanse_problem pb,
-                                          int normalize, float scale_p) {
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = pb.b * pb.t * pb.hq;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x / 32;
-  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < warps; w += stride) {
-    const int64_t qh = w % pb.hq, i = (w / pb.hq) % pb.t, batch = w / (pb.hq * pb.t);
-    const int64_t kv = qh / (pb.hq / pb.h), m = i / pb.c, bh = batch * pb.h + kv;
-    const float f = scale_p, gi = g.cum(bh, pb.t, i);
-    const bool intra = in.y.data != nullptr;
-    float rm = 0.f, lv = 0.f;
-    if (intra) {
-      rm = loadf(in.rowmax, off3(in.rowmax, batch, i, qh));
-      if (in.l.data) lv = loadf(in.l, off3(in.l, batch, i, qh));
-    }
-    const int64_t qoff = off4(in.q, batch, i, qh, 0);
-    auto qv = [&](int j) { return load<T>(in.q, qoff + j * in.q.strides[3]); };
-    for (int64_t col0 = 0; col0 < pb.e; col0 += 32 * kColsPerLane) {
-      float acc[kColsPerLane];
-      for (int j = 0; j < kColsPerLane; ++j) acc[j] = 0.f;
-      float den = 0.f;
-      if (in.S.data) {
-        for (int64_t r = 0; r < pb.D; ++r) {
-          const float ph = phi_value(table[r], pb.p, qv);
-          const int64_t so = off5(in.S, batch, m, kv, r, 0);
-#pragma unroll
-          for (int j = 0; j < kColsPerLane; ++j) {
-            const int64_t col = col0 + lane + 32 * j;
-            if (col < pb.e) acc[j] += ph * loadf(in.S, so + col * in.S.strides[4]);
-          }
-          if (normalize) den += ph * loadf(in.z, off4(in.z, batch, m, kv, r));
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kColsPerLane; ++j) {
-        const int64_t col = col0 + lane + 32 * j;
-        if (col >= pb.e) continue;
-        const float yv = intra ? loadf(in.y, off4(in.y, batch, i, qh, col)) : 0.f;
-        const float o = combine_output(acc[j] * f, den * f, gi, intra, yv, lv, rm, normalize != 0);
-        static_cast<T*>(in.o.data)[off4(in.o, batch, i, qh, col)] = from_f32<T>(o);
-      }
-    }
-  }
-}
-
-float scale_power(const expanse_problem& pb) { return static_cast<float>(std::pow(pb.scale, pb.p)); }
-
-query_inputs inputs_of(const expanse_query_state_args& a) {
-  query_inputs in{};
-  in.q = *a.q;
-  if (a.S) in.S = *a.S;  // absent only in a step of power_attention without states: no inter-chunk term
-  if (a.z) in.z = *a.z;
-  if (a.y) {
-    in.y = *a.y;
-    in.rowmax = *a.rowmax;
-    if (a.l) in.l = *a.l;
-  }
-  in.o = *a.o;
-  return in;
-}
-
-std::string f32_declines(const expanse_query_state_args& a) {
-  if (!is_f32(a.S) || !is_f32(a.z) || !is_f32(a.log_g) || !is_f32(a.y) || !is_f32(a.l) || !is_f32(a.rowmax))
-    return "S, z, log_g, y, l and rowmax must be f32";
-  return {};
-}
-
-std::string simple_declines(const expanse_op& op, const device_props&) {
-  std::string why = common_declines(op);
-  if (why.empty()) why = f32_declines(*static_cast<const expanse_query_state_args*>(op.args));
-  return why;
-}
-
-void simple_run(const expanse_op& op, launch_context& lc) {
-  const expanse_problem& pb = *op.problem;
-  const auto& a = *static_cast<const expanse_query_state_args*>(op.args);
-  phi_tables phi;
-  phi.rows = make_phi_table(pb, lc);
-  const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
-  if (lc.ws.sizing()) return;
-  launch_simple_query_state(inputs_of(a), g, phi, pb, pb.normalize != 0, lc.stream);
-}
-
 template <std::string (*kernel_declines)(const expanse_problem&, const query_inputs&, const device_props&)>
 std::string tensor_core_declines(const expanse_op& op, const device_props& props) {
   const auto& a = *static_cast<const expanse_query_state_args*>(op.args);
   std::string why = common_declines(op);
-  if (why.empty()) why = f32_declines(a);
-  if (why.empty()) why = kernel_declines(*op.problem, inputs_of(a), props);
+  if (why.empty()) why = query_state_f32_declines(a);
+  if (why.empty()) why = kernel_declines(*op.problem, query_inputs_of(a), props);
   return why;
 }
 
@@ -125,7 +39,7 @@ void tensor_core_run(const expanse_op& op, launch_context& lc) {
   const phi_tables phi = make_phi_tables(pb, lc);
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   if (lc.ws.sizing()) return;
-  launch(inputs_of(a), g, phi, pb, pb.normalize != 0, lc);
+  launch(query_inputs_of(a), g, phi, pb, pb.normalize != 0, lc);
 }
 
 void f16_run(const expanse_op& op, launch_context& lc) {
@@ -135,24 +49,12 @@ void f16_run(const expanse_op& op, launch_context& lc) {
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   const f16_state_scratch f16 = take_f16_state_scratch(pb, lc.ws);
   if (lc.ws.sizing()) return;
-  launch_f16_query_state(inputs_of(a), g, phi, f16, pb, pb.normalize != 0, lc);
+  launch_f16_query_state(query_inputs_of(a), g, phi, f16, pb, pb.normalize != 0, lc);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
-
-void launch_simple_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
-                               const expanse_problem& pb, bool normalize, cudaStream_t stream) {
-  const int64_t threads = pb.b * pb.t * pb.hq * 32;
-  if (threads == 0) return;
-  with_input_type(pb.input_dtype, [&](auto tag) {
-    using T = decltype(tag);
-    simple_query_state_kernel<T><<<grid_for(threads, 256), 256, 0, stream>>>(in, g, phi.rows, pb, normalize ? 1 : 0,
-                                                                              scale_power(pb));
-  });
-  check_launch("simple query_state");
-}
 
 std::string mma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props) {
   (void)props;
@@ -411,7 +313,7 @@ const registered_list kList(
       tensor_core_run<launch_blocked_query_state>},
      {"wgmma", sm90a, tensor_core_declines<wgmma_query_state_declines>, tensor_core_run<launch_wgmma_query_state>},
      {"mma", sm80, tensor_core_declines<mma_query_state_declines>, tensor_core_run<launch_mma_query_state>},
-     {"simple", expanse_sdk::any_device, simple_declines, simple_run}});
+     expanse_gpu::query_state_simple});
 }  // namespace
 
 }  // namespace expanse_cuda

@@ -2,8 +2,10 @@
 // Implementations, best first: "wgmma_blocked" (Hopper, layouts with a block form: tiled:8, and the
 // symmetric layout at p = 2), "wgmma" (expand-MMA on Hopper's warpgroup tensor cores), "mma"
 // (expand-MMA on tensor cores of sm_80 and later), "simple" (any shape and dtype, one thread per
-// state entry). The expand-MMA kernels take f16/bf16 with d and e in {32, 64, 128}.
-#include "kernels/portable/mma_update_state.cuh"
+// state entry; shared with the HIP backend, gpu/ops/update_state.cu). The expand-MMA kernels take
+// f16/bf16 with d and e in {32, 64, 128}.
+#include "gpu/ops/implementations.hpp"
+#include "kernels/sm80/mma_update_state.cuh"
 #include "kernels/sm90/blocked_update_state.cuh"
 #include "kernels/sm90/wgmma_update_state.cuh"
 #include "ops/op_common.hpp"
@@ -11,48 +13,6 @@
 
 namespace expanse_cuda {
 namespace {
-
-template <class T>
-__global__ void simple_update_state_kernel(expanse_tensor k, expanse_tensor v, gates g, const phi_entry* table,
-                                           expanse_problem pb, expanse_tensor S, expanse_tensor z) {
-  const int64_t cols = pb.e + 1;  // column e is z
-  EXPANSE_GRID_LOOP(i, pb.b * pb.n * pb.h * pb.D * cols) {
-    const int64_t col = i % cols;
-    int64_t rest = i / cols;
-    const int64_t r = rest % pb.D;
-    rest /= pb.D;
-    const int64_t head = rest % pb.h;
-    rest /= pb.h;
-    const int64_t m = rest % pb.n, batch = rest / pb.n;
-    if (col == pb.e && z.data == nullptr) continue;
-    const int64_t first = m * pb.c, len = min(pb.c, pb.t - first), bh = batch * pb.h + head;
-    const float A = g.chunk_total(bh, pb.n, m);
-    const phi_entry row = table[r];
-    float acc = 0.f;
-    for (int64_t s = 0; s < len; ++s) {
-      const int64_t tok = first + s;
-      const float w = g.Gc ? expf(A - g.cum(bh, pb.t, tok)) : 1.f;
-      const float ph = phi_value(row, pb.p, [&](int j) { return load<T>(k, off4(k, batch, tok, head, j)); });
-      const float val = col < pb.e ? load<T>(v, off4(v, batch, tok, head, col)) : 1.f;
-      acc += w * ph * val;
-    }
-    if (col < pb.e) *ptrf(S, off5(S, batch, m, head, r, col)) = acc;
-    else *ptrf(z, off4(z, batch, m, head, r)) = acc;
-  }
-}
-
-std::string simple_declines(const expanse_op& op, const device_props&) { return common_declines(op); }
-
-void simple_run(const expanse_op& op, launch_context& lc) {
-  const expanse_problem& pb = *op.problem;
-  const auto& a = *static_cast<const expanse_update_state_args*>(op.args);
-  phi_tables phi;
-  phi.rows = make_phi_table(pb, lc);
-  const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
-  if (lc.ws.sizing()) return;
-  expanse_tensor none{};
-  launch_simple_update_state(*a.k, *a.v, g, phi, pb, *a.S, a.z ? *a.z : none, lc.stream);
-}
 
 template <std::string (*kernel_declines)(const expanse_problem&, const expanse_tensor&, const expanse_tensor&,
                                          const expanse_tensor&, const expanse_tensor*, const device_props&)>
@@ -96,18 +56,6 @@ mma_update_state_params update_state_params(const expanse_tensor& k, const expan
 }
 
 }  // namespace
-
-void launch_simple_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
-                                const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
-                                const expanse_tensor& z, cudaStream_t stream) {
-  const int64_t work = pb.b * pb.n * pb.h * pb.D * (pb.e + 1);
-  if (work == 0) return;
-  with_input_type(pb.input_dtype, [&](auto tag) {
-    using T = decltype(tag);
-    simple_update_state_kernel<T><<<grid_for(work, 256), 256, 0, stream>>>(k, v, g.keys(), phi.rows, pb, S, z);
-  });
-  check_launch("simple update_state");
-}
 
 static bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -226,7 +174,7 @@ const registered_list kList(
       tensor_core_run<launch_blocked_update_state>},
      {"wgmma", sm90a, tensor_core_declines<wgmma_update_state_declines>, tensor_core_run<launch_wgmma_update_state>},
      {"mma", sm80, tensor_core_declines<mma_update_state_declines>, tensor_core_run<launch_mma_update_state>},
-     {"simple", expanse_sdk::any_device, simple_declines, simple_run}});
+     expanse_gpu::update_state_simple});
 }  // namespace
 
 }  // namespace expanse_cuda

@@ -25,7 +25,7 @@
 #include <cuda_fp16.h>
 
 #include "kernels/common.cuh"
-#include "kernels/portable/mma.cuh"
+#include "kernels/sm80/mma.cuh"
 
 namespace expanse_cuda {
 

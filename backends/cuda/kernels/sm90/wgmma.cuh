@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/portable/mma.cuh"
+#include "kernels/sm80/mma.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define EXPANSE_SM90A_DEVICE 1

@@ -13,7 +13,7 @@
 #pragma once
 
 #include "kernels/common.cuh"
-#include "kernels/portable/mma_query_state.cuh"
+#include "kernels/sm80/mma_query_state.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace expanse_cuda {

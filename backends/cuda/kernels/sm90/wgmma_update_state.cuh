@@ -1,6 +1,6 @@
 // update_state as expand-MMA on Hopper's warpgroup tensor cores (wgmma, sm_90a):
 //   S_m[r, :] = sum_j w_j phi_r(k_j) v_j,   z_m[r] = sum_j w_j phi_r(k_j),   w_j = exp(A_m - Gc_j).
-// The GEMM of the portable kernel (mma_update_state.cuh): M = rows of phi, N = e + 8 (the e columns
+// The GEMM of the sm80 kernel (sm80/mma_update_state.cuh): M = rows of phi, N = e + 8 (the e columns
 // of v and an 8-wide tile whose first column is w_j, giving z), K = the chunk's tokens. A = phi(K)^T
 // is formed in registers from a transposed key tile (never stored anywhere); B = the gated values,
 // in shared memory as wgmma's K-major core matrices, read by the tensor cores directly (one read
@@ -12,7 +12,7 @@
 #pragma once
 
 #include "kernels/common.cuh"
-#include "kernels/portable/mma_update_state.cuh"
+#include "kernels/sm80/mma_update_state.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace expanse_cuda {

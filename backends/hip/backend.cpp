@@ -1,24 +1,23 @@
 // The plugin table of the HIP backend (backend.h): device probing and memory through the HIP
-// runtime, and the operations whose kernels are shared with the CUDA backend (backends/gpu/). So far
-// that is discumsum; every other operation is declined with that reason (the rest of the shared
-// kernels are the next step of the port), so nothing is reported as supported that is not.
+// runtime, and the entry points that hand each validated operation to the dispatcher (backends/sdk/)
+// on this backend's lists (lists.cpp: the implementations shared with the CUDA backend, gpu/ops/).
 #include <hip/hip_runtime.h>
 
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
-#include "expanse/backend.h"
-#include "gpu/kernels/discumsum.hpp"
+#include "hip/lists.hpp"
+#include "sdk/op_args.hpp"
 
 namespace expanse_hip {
 namespace {
 
-int g_device_count = 0;  // set by init()
+using expanse_sdk::device_props;
+using expanse_sdk::write_text;
 
-void write_text(char* buf, size_t len, const std::string& text) {
-  if (buf != nullptr && len > 0) std::snprintf(buf, len, "%s", text.c_str());
-}
+std::vector<device_props> g_props;  // filled by init()
 
 expanse_status hip_failure(hipError_t err, const char* what, char* buf, size_t len) {
   write_text(buf, len, std::string("hip: ") + what + ": " + hipGetErrorName(err) + ": " + hipGetErrorString(err));
@@ -38,15 +37,23 @@ expanse_status init(char* err, size_t err_len) {
     (void)hipGetLastError();  // clear it, so that later calls start clean
     return EXPANSE_ERROR_BACKEND;
   }
-  g_device_count = count;
+  g_props.assign(static_cast<size_t>(count), device_props{});
+  for (int i = 0; i < count; ++i) {
+    hipDeviceProp_t p{};
+    if (hipGetDeviceProperties(&p, i) != hipSuccess) continue;
+    g_props[i].arch_major = p.major;
+    g_props[i].arch_minor = p.minor;
+    g_props[i].multiprocessors = p.multiProcessorCount;
+    g_props[i].smem_optin = p.sharedMemPerBlock;
+  }
   return EXPANSE_OK;
 }
 
-int32_t device_count() { return g_device_count; }
+int32_t device_count() { return static_cast<int32_t>(g_props.size()); }
 
 expanse_status device_info(int32_t device, expanse_device_info* info) {
   hipDeviceProp_t p{};
-  if (device < 0 || device >= g_device_count || hipGetDeviceProperties(&p, device) != hipSuccess)
+  if (device < 0 || device >= device_count() || hipGetDeviceProperties(&p, device) != hipSuccess)
     return EXPANSE_ERROR_INVALID_ARGUMENT;
   std::snprintf(info->name, sizeof(info->name), "%s (%s)", p.name, p.gcnArchName);
   info->device_type = EXPANSE_DEVICE_ROCM;
@@ -58,53 +65,22 @@ expanse_status device_info(int32_t device, expanse_device_info* info) {
   return EXPANSE_OK;
 }
 
-const char* op_name(expanse_op_kind kind) {
-#define EXPANSE_HIP_NAME(name, NAME) #name,
-  static const char* const names[] = {EXPANSE_OPERATIONS(EXPANSE_HIP_NAME)};
-#undef EXPANSE_HIP_NAME
-  return kind >= 0 && kind < EXPANSE_OP_COUNT ? names[kind] : "unknown op";
-}
-
-bool is_f32(const expanse_tensor* t) { return t == nullptr || t->dtype == EXPANSE_F32; }
-
-// Empty when this backend runs the problem, else why not.
-std::string declines(const expanse_op& op) {
-  if (op.kind != EXPANSE_OP_DISCUMSUM)
-    return std::string("the hip backend has no implementation of ") + op_name(op.kind) +
-           " yet (its kernels are not yet shared with the cuda backend; use the reference or cuda backend)";
-  const auto& a = *static_cast<const expanse_discumsum_args*>(op.args);
-  if (op.problem->input_dtype == EXPANSE_F64) return "f64 tensors are not supported (f64 is the reference's oracle mode)";
-  if (!is_f32(a.A) || !is_f32(a.Y_init) || !is_f32(a.Y)) return "A, Y_init and Y must be f32";
-  return {};
+device_props props_of(int32_t device) {
+  return device >= 0 && device < device_count() ? g_props[static_cast<size_t>(device)] : device_props{};
 }
 
 expanse_status supports(const expanse_op* op, char* reason, size_t reason_len) {
-  const std::string why = declines(*op);
-  write_text(reason, reason_len, why);
-  return why.empty() ? EXPANSE_OK : EXPANSE_ERROR_UNSUPPORTED;
+  return hip_dispatcher().supports(*op, props_of(expanse_sdk::device_of(*op)), reason, reason_len);
 }
 
 expanse_status workspace_size(const expanse_op* op, size_t* bytes) {
-  *bytes = 0;
-  return declines(*op).empty() ? EXPANSE_OK : EXPANSE_ERROR_UNSUPPORTED;
+  return hip_dispatcher().workspace_size(*op, props_of(expanse_sdk::device_of(*op)), bytes);
 }
 
 expanse_status run(const expanse_op* op, const expanse_exec* exec, char* err, size_t err_len) {
-  const std::string why = declines(*op);
-  if (!why.empty()) {
-    write_text(err, err_len, why);
-    return EXPANSE_ERROR_UNSUPPORTED;
-  }
-  try {
-    const hipError_t set = hipSetDevice(exec->device);
-    if (set != hipSuccess) return hip_failure(set, "hipSetDevice", err, err_len);
-    expanse_gpu::run_discumsum(*static_cast<const expanse_discumsum_args*>(op->args), op->problem->n,
-                               op->problem->input_dtype, static_cast<hipStream_t>(exec->stream));
-    return EXPANSE_OK;
-  } catch (const std::exception& e) {
-    write_text(err, err_len, std::string("hip: ") + e.what());
-    return EXPANSE_ERROR_INTERNAL;
-  }
+  const hipError_t set = hipSetDevice(exec->device);
+  if (set != hipSuccess) return hip_failure(set, "hipSetDevice", err, err_len);
+  return hip_dispatcher().run(*op, props_of(exec->device), *exec, err, err_len);
 }
 
 expanse_status memory_alloc(int32_t device, size_t bytes, void** ptr, char* err, size_t err_len) {
@@ -140,6 +116,8 @@ expanse_status synchronize(int32_t device, void* stream, char* err, size_t err_l
   return e == hipSuccess ? EXPANSE_OK : hip_failure(e, "hipStreamSynchronize", err, err_len);
 }
 
+// No extras yet: EXPANSE_CHUNK_AUTO takes the core's default rule (expanse_auto_chunk_size) until the
+// chunk size is measured on AMD hardware.
 void* get_proc_address(const char*) { return nullptr; }
 
 const expanse_backend kTable = {

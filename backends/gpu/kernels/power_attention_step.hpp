@@ -2,14 +2,13 @@
 // then o = phi(scale q)^T S [/ phi(scale q)^T z] for every query head of the group. One pass over
 // the state: each thread updates 32 rows of one column and, while they are in registers, forms the
 // partial products with phi(q) of each query head; a second kernel sums the partials.
-#include <cmath>
+#pragma once
 
-#include "ops/op_common.hpp"
+#include "gpu/kernels/common.hpp"
 
-namespace expanse_cuda {
-namespace {
+namespace expanse_gpu {
 
-constexpr int kRowsPerThread = 32, kThreads = 128;
+constexpr int kStepRowsPerThread = 32, kStepThreads = 128;
 
 template <class T>
 __global__ void step_update_kernel(expanse_tensor q, expanse_tensor k, expanse_tensor v, expanse_tensor log_g,
@@ -22,16 +21,16 @@ __global__ void step_update_kernel(expanse_tensor q, expanse_tensor k, expanse_t
   const int64_t rb = blk % row_blocks;
   blk /= row_blocks;
   const int64_t head = blk % pb.h, batch = blk / pb.h;
-  const int64_t col = cg * kThreads + threadIdx.x;
+  const int64_t col = cg * kStepThreads + threadIdx.x;
   if (col >= cols || (col == pb.e && z.data == nullptr)) return;
   const float gate = log_g.data ? expf(loadf(log_g, off3(log_g, batch, 0, head))) : 1.f;
   const float val = col < pb.e ? load<T>(v, off4(v, batch, 0, head, col)) : 1.f;
-  const int64_t r0 = rb * kRowsPerThread;
-  const int rows = static_cast<int>(min(int64_t(kRowsPerThread), pb.D - r0));
+  const int64_t r0 = rb * kStepRowsPerThread;
+  const int rows = static_cast<int>(min(int64_t(kStepRowsPerThread), pb.D - r0));
   const int64_t koff = off4(k, batch, 0, head, 0);
-  float s[kRowsPerThread];
+  float s[kStepRowsPerThread];
 #pragma unroll
-  for (int j = 0; j < kRowsPerThread; ++j) {
+  for (int j = 0; j < kStepRowsPerThread; ++j) {
     if (j >= rows) break;
     const int64_t r = r0 + j;
     const float ph = phi_value(table[r], pb.p, [&](int i) { return load<T>(k, koff + i * k.strides[3]); });
@@ -45,7 +44,7 @@ __global__ void step_update_kernel(expanse_tensor q, expanse_tensor k, expanse_t
     const int64_t qoff = off4(q, batch, 0, qh, 0);
     float acc = 0.f;
 #pragma unroll
-    for (int j = 0; j < kRowsPerThread; ++j) {
+    for (int j = 0; j < kStepRowsPerThread; ++j) {
       if (j >= rows) break;
       acc += phi_value(table[r0 + j], pb.p, [&](int i) { return scale * load<T>(q, qoff + i * q.strides[3]); }) * s[j];
     }
@@ -70,40 +69,4 @@ __global__ void step_output_kernel(const float* partial, expanse_tensor o, expan
   }
 }
 
-std::string declines(const expanse_op& op, const device_props&) {
-  const auto& a = *static_cast<const expanse_power_attention_step_args*>(op.args);
-  std::string why = common_declines(op);
-  if (why.empty() && (!is_f32(a.log_g) || !is_f32(a.S) || !is_f32(a.z))) why = "log_g, S and z must be f32";
-  return why;
-}
-
-void run(const expanse_op& op, launch_context& lc) {
-  const expanse_problem& pb = *op.problem;
-  const auto& a = *static_cast<const expanse_power_attention_step_args*>(op.args);
-  const phi_entry* table = make_phi_table(pb, lc);
-  const int64_t row_blocks = (pb.D + kRowsPerThread - 1) / kRowsPerThread;
-  const int64_t col_groups = (pb.e + 1 + kThreads - 1) / kThreads;
-  float* partial = lc.ws.take<float>(size_t(pb.b * pb.hq * row_blocks * (pb.e + 1)));
-  if (lc.ws.sizing()) return;
-  expanse_tensor none{};
-  const expanse_tensor z = pb.normalize && a.z ? *a.z : (a.z ? *a.z : none);
-  const int64_t blocks = pb.b * pb.h * row_blocks * col_groups;
-  if (blocks == 0) return;
-  with_input_type(pb.input_dtype, [&](auto tag) {
-    using T = decltype(tag);
-    step_update_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, lc.stream>>>(
-        *a.q, *a.k, *a.v, a.log_g ? *a.log_g : none, *a.S, z, table, pb, static_cast<float>(pb.scale), partial,
-        row_blocks, col_groups);
-    check_launch("power_attention_step update");
-    step_output_kernel<T><<<grid_for(pb.b * pb.hq * pb.e, 256), 256, 0, lc.stream>>>(partial, *a.o, pb, row_blocks,
-                                                                                     pb.normalize);
-    check_launch("power_attention_step output");
-  });
-}
-
-const registered_list kList(cuda_lists(), EXPANSE_OP_POWER_ATTENTION_STEP,
-                            {{"fused", expanse_sdk::any_device, declines, run}});
-
-}  // namespace
-
-}  // namespace expanse_cuda
+}  // namespace expanse_gpu

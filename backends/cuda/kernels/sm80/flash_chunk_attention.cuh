@@ -14,7 +14,7 @@
 #include <type_traits>
 
 #include "kernels/common.cuh"
-#include "kernels/portable/mma.cuh"
+#include "kernels/sm80/mma.cuh"
 
 namespace expanse_cuda {
 

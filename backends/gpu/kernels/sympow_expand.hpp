@@ -1,8 +1,9 @@
 // sympow_expand: out[..., r] = phi_r(x[..., :]) for every leading index, any strides.
-#include "ops/op_common.hpp"
+#pragma once
 
-namespace expanse_cuda {
-namespace {
+#include "gpu/kernels/common.hpp"
+
+namespace expanse_gpu {
 
 template <class T>
 __global__ void sympow_expand_kernel(expanse_tensor x, expanse_tensor out, const phi_entry* table, int64_t rows,
@@ -24,23 +25,4 @@ __global__ void sympow_expand_kernel(expanse_tensor x, expanse_tensor out, const
   }
 }
 
-std::string simple_declines(const expanse_op& op, const device_props&) { return common_declines(op); }
-
-void simple_run(const expanse_op& op, launch_context& lc) {
-  const expanse_problem& pb = *op.problem;
-  const auto& a = *static_cast<const expanse_sympow_expand_args*>(op.args);
-  const phi_entry* table = make_phi_table(pb, lc);
-  if (lc.ws.sizing() || pb.rows * pb.D == 0) return;
-  with_input_type(pb.input_dtype, [&](auto tag) {
-    using T = decltype(tag);
-    sympow_expand_kernel<T><<<grid_for(pb.rows * pb.D, 256), 256, 0, lc.stream>>>(*a.x, *a.out, table, pb.rows, pb.D, pb.p);
-  });
-  check_launch("sympow_expand");
-}
-
-const registered_list kList(cuda_lists(), EXPANSE_OP_SYMPOW_EXPAND,
-                            {{"simple", expanse_sdk::any_device, simple_declines, simple_run}});
-
-}  // namespace
-
-}  // namespace expanse_cuda
+}  // namespace expanse_gpu

@@ -13,7 +13,7 @@
 #pragma once
 
 #include "kernels/common.cuh"
-#include "kernels/portable/mma.cuh"
+#include "kernels/sm80/mma.cuh"
 
 namespace expanse_cuda {
 

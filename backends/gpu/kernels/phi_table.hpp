@@ -1,10 +1,11 @@
 // The feature-map table: for every row r of phi its coefficient and the p indices of x it
 // multiplies, in the layout asked for (docs/spec.md "The feature map phi"). Each thread unranks one row
 // directly, so the table builds in one short kernel for any D.
-#include "ops/op_common.hpp"
+#pragma once
 
-namespace expanse_cuda {
-namespace {
+#include "gpu/kernels/common.hpp"
+
+namespace expanse_gpu {
 
 // C(n, k) for small k; every partial product is an integer.
 __device__ int64_t binomial(int64_t n, int k) {
@@ -117,77 +118,4 @@ __global__ void build_phi_blocks(phi_block* blocks, phi_block_row* rows, int64_t
   }
 }
 
-int64_t host_binomial(int64_t n, int k) {
-  int64_t r = 1;
-  for (int i = 1; i <= k; ++i) r = r * (n - k + i) / i;
-  return r;
-}
-
-}  // namespace
-
-const phi_entry* make_phi_table(const expanse_problem& pb, launch_context& lc) {
-  if (const step_inputs* prepared = prepared_of(lc)) return prepared->phi.rows;
-  phi_entry* table = lc.ws.take<phi_entry>(static_cast<size_t>(pb.D));
-  if (lc.ws.sizing()) return table;
-  build_phi_table<<<grid_for(pb.D, 256), 256, 0, lc.stream>>>(table, pb.D, pb.p, pb.d, pb.layout.kind,
-                                                               pb.layout.d_tile);
-  check_launch("build_phi_table");
-  return table;
-}
-
-// Blocks for the tiled layout with d_tile 8 (2 <= p <= 4) and for the symmetric layout at p = 2
-// (read through tiled:8, 10% padding at d = 64; at p = 3 and 4 the padding would be 34% and 76%).
-int64_t phi_block_count(const expanse_problem& pb) {
-  const bool tiled8 = pb.layout.kind == EXPANSE_LAYOUT_TILED && pb.layout.d_tile == 8 && pb.p <= 4;
-  const bool sympow2 = pb.layout.kind == EXPANSE_LAYOUT_SYMPOW && pb.p == 2;
-  if (pb.p < 2 || pb.d % 8 != 0 || !(tiled8 || sympow2)) return 0;
-  int64_t block_size = 1;
-  for (int k = 0; k < pb.p; ++k) block_size *= 8;
-  return host_binomial(pb.d / 8 + pb.p - 1, pb.p) * block_size / 64;
-}
-
-phi_tables make_phi_tables(const expanse_problem& pb, launch_context& lc) {
-  if (const step_inputs* prepared = prepared_of(lc)) return prepared->phi;
-  phi_tables t;
-  t.rows = make_phi_table(pb, lc);
-  t.blocks.count = phi_block_count(pb);
-  if (t.blocks.count == 0) return t;
-  const int64_t rows = t.blocks.count * 64;
-  phi_block* blocks = lc.ws.take<phi_block>(static_cast<size_t>(t.blocks.count));
-  phi_block_row* block_rows = lc.ws.take<phi_block_row>(static_cast<size_t>(rows));
-  t.blocks.block = blocks;
-  t.blocks.row = block_rows;
-  if (lc.ws.sizing()) return t;
-  build_phi_blocks<<<grid_for(rows, 256), 256, 0, lc.stream>>>(blocks, block_rows, rows, pb.p, pb.d,
-                                                               pb.layout.kind);
-  check_launch("build_phi_blocks");
-  return t;
-}
-
-std::string common_declines(const expanse_op& op) {
-  const expanse_problem& pb = *op.problem;
-  if (pb.input_dtype == EXPANSE_F64 || pb.output_dtype == EXPANSE_F64 || pb.state_dtype == EXPANSE_F64)
-    return "f64 tensors are not supported (f64 is the reference backend's oracle mode)";
-  if (pb.d > 65535) return "d must be at most 65535";
-  if (pb.p > kMaxDegree) return "p must be at most 6";
-  return {};
-}
-
-expanse_tensor f32_view(float* data, std::initializer_list<int64_t> shape, int32_t device) {
-  expanse_tensor t{};
-  t.data = data;
-  t.dtype = EXPANSE_F32;
-  t.device_type = EXPANSE_DEVICE_CUDA;
-  t.device_id = device;
-  t.ndim = static_cast<int32_t>(shape.size());
-  int i = 0;
-  for (int64_t s : shape) t.shape[i++] = s;
-  int64_t stride = 1;
-  for (int k = t.ndim - 1; k >= 0; --k) {
-    t.strides[k] = stride;
-    stride *= t.shape[k];
-  }
-  return t;
-}
-
-}  // namespace expanse_cuda
+}  // namespace expanse_gpu

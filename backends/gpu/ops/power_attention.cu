@@ -4,29 +4,21 @@
 //   3. query_state with the intra terms -> o                    inter-chunk terms, combined, normalized
 // The quadratic form is the same with one chunk (c = t): step 2 then only runs for an initial or
 // final state. Each step runs through its operation's implementation list (the fastest that takes
-// the step's problem; EXPANSE_CUDA_SKIP and EXPANSE_CUDA_VERBOSE apply), on the phi table and gate
+// the step's problem; EXPANSE_<BACKEND>_SKIP and _VERBOSE apply), on the phi table and gate
 // sums made once here for all of them.
-#include "ops/op_common.hpp"
-#include "ops/state_ops.hpp"
+#include "gpu/ops/common.hpp"
+#include "gpu/ops/discumsum.hpp"
+#include "gpu/ops/implementations.hpp"
 
-namespace expanse_cuda {
+namespace expanse_gpu {
 namespace {
 
 // The memo slots of the steps' choices (dispatcher::run_step).
 enum step_slot { kChunkAttention = 1, kUpdateState, kDiscumsumS, kDiscumsumZ, kQueryState };
 
-std::string declines(const expanse_op& op, const device_props&) {
-  const auto& a = args_of<expanse_power_attention_args>(op);
-  std::string why = common_declines(op);
-  if (why.empty() && (!is_f32(a.log_g) || !is_f32(a.initial_S) || !is_f32(a.initial_z) || !is_f32(a.final_S) ||
-                      !is_f32(a.final_z)))
-    why = "log_g and states must be f32";
-  return why;
-}
-
 // A [b,n,h]-indexed view of the chunk totals, stored [b,h,n].
-expanse_tensor totals_view(const gates& g, const expanse_problem& pb, int32_t device) {
-  expanse_tensor A = f32_view(const_cast<float*>(g.total), {pb.b, pb.n, pb.h}, device);
+expanse_tensor totals_view(const gates& g, const expanse_problem& pb, const expanse_tensor& like) {
+  expanse_tensor A = f32_view(const_cast<float*>(g.total), {pb.b, pb.n, pb.h}, like);
   A.strides[0] = pb.h * pb.n;
   A.strides[1] = 1;
   A.strides[2] = pb.n;
@@ -43,10 +35,21 @@ expanse_problem step_problem(const expanse_problem& pb, int32_t input_dtype, int
   return step;
 }
 
-void run(const expanse_op& op, launch_context& lc) {
+}  // namespace
+
+std::string power_attention_chunked_declines(const expanse_op& op, const device_props&) {
+  const auto& a = args_of<expanse_power_attention_args>(op);
+  std::string why = common_declines(op);
+  if (why.empty() && (!is_f32(a.log_g) || !is_f32(a.initial_S) || !is_f32(a.initial_z) || !is_f32(a.final_S) ||
+                      !is_f32(a.final_z)))
+    why = "log_g and states must be f32";
+  return why;
+}
+
+void power_attention_chunked_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_args>(op);
-  const int32_t dev = a.q->device_id;
+  const expanse_tensor& dev = *a.q;  // the device of the workspace views
   const bool need_states = pb.n > 1 || pb.has_initial_state || pb.want_final_state;
   const bool need_z = pb.normalize || a.final_z != nullptr;
 
@@ -99,7 +102,4 @@ void run(const expanse_op& op, launch_context& lc) {
   run_step(EXPANSE_OP_QUERY_STATE, &qs, qs_pb, kQueryState);
 }
 
-const registered_list kList(cuda_lists(), EXPANSE_OP_POWER_ATTENTION, {{"chunked", expanse_sdk::any_device, declines, run}});
-
-}  // namespace
-}  // namespace expanse_cuda
+}  // namespace expanse_gpu

@@ -1,14 +1,13 @@
-// Gate prefix sums inside chunks (the `gates` of kernels/common.cuh): per token Gc, the sums
+// Gate prefix sums inside chunks (the `gates` of gpu/kernels/common.hpp): per token Gc, the sums
 // restarted at resets, the last reset and the keys' view; per chunk the totals. Summed in f64 so that
 // differences keep f32 accuracy even deep into long chunks, where both terms are large.
-#include <cmath>
+#pragma once
 
-#include "ops/op_common.hpp"
+#include "gpu/kernels/common.hpp"
 
-namespace expanse_cuda {
-namespace {
+namespace expanse_gpu {
 
-constexpr int kThreads = 256;
+constexpr int kChunkGatesThreads = 256;
 
 // A run of tokens as a segmented-scan element: the sum since the run's last reset (or its start),
 // and that reset's chunk-local index (-1: none in the run).
@@ -30,11 +29,11 @@ struct gate_arrays {
 // One block per (chunk, head, batch): each thread sums a run of consecutive tokens, a block scan
 // of the run sums gives each run what comes before it, then each thread writes its run.
 __global__ void chunk_gates_kernel(expanse_tensor log_g, int64_t t, int64_t h, int64_t c, int64_t n, gate_arrays out) {
-  __shared__ double run_sums[kThreads];
-  __shared__ int64_t run_resets[kThreads];
+  __shared__ double run_sums[kChunkGatesThreads];
+  __shared__ int64_t run_resets[kChunkGatesThreads];
   const int64_t m = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int64_t first = m * c, len = min(c, t - first);
-  const int64_t per = (len + kThreads - 1) / kThreads;
+  const int64_t per = (len + kChunkGatesThreads - 1) / kChunkGatesThreads;
   const int64_t begin = min(len, threadIdx.x * per), end = min(len, begin + per);
   const float* g = static_cast<const float*>(log_g.data);
   auto step = [](run_sum acc, float x, int64_t i) {
@@ -45,7 +44,7 @@ __global__ void chunk_gates_kernel(expanse_tensor log_g, int64_t t, int64_t h, i
   run_sums[threadIdx.x] = mine.sum;
   run_resets[threadIdx.x] = mine.last_reset;
   __syncthreads();
-  for (int stride = 1; stride < kThreads; stride *= 2) {  // inclusive Hillis-Steele scan
+  for (int stride = 1; stride < kChunkGatesThreads; stride *= 2) {  // inclusive Hillis-Steele scan
     run_sum combined{run_sums[threadIdx.x], run_resets[threadIdx.x]};
     if (threadIdx.x >= stride)
       combined = then(run_sum{run_sums[threadIdx.x - stride], run_resets[threadIdx.x - stride]}, combined);
@@ -54,7 +53,7 @@ __global__ void chunk_gates_kernel(expanse_tensor log_g, int64_t t, int64_t h, i
     run_resets[threadIdx.x] = combined.last_reset;
     __syncthreads();
   }
-  const run_sum chunk{run_sums[kThreads - 1], run_resets[kThreads - 1]};
+  const run_sum chunk{run_sums[kChunkGatesThreads - 1], run_resets[kChunkGatesThreads - 1]};
   run_sum acc = threadIdx.x > 0 ? run_sum{run_sums[threadIdx.x - 1], run_resets[threadIdx.x - 1]} : run_sum{0.0, -1};
   const int64_t row = (batch * h + head) * t + first;
   for (int64_t i = begin; i < end; ++i) {
@@ -65,35 +64,11 @@ __global__ void chunk_gates_kernel(expanse_tensor log_g, int64_t t, int64_t h, i
     out.last_reset[row + i] = static_cast<int32_t>(acc.last_reset);
     out.key_Gc[row + i] = i >= chunk.last_reset ? sum : INFINITY;
   }
-  if (threadIdx.x == kThreads - 1) {
+  if (threadIdx.x == kChunkGatesThreads - 1) {
     const int64_t at = (batch * h + head) * n + m;
     out.total[at] = chunk.last_reset >= 0 ? -INFINITY : static_cast<float>(chunk.sum);
     out.key_total[at] = static_cast<float>(chunk.sum);
   }
 }
 
-}  // namespace
-
-gates make_gates(const expanse_tensor* log_g, int64_t b, int64_t t, int64_t h, int64_t c, launch_context& lc) {
-  if (const step_inputs* prepared = prepared_of(lc)) return prepared->g;
-  gates g;
-  if (log_g == nullptr) return g;
-  const int64_t n = chunk_count(t, c);
-  const size_t tokens = static_cast<size_t>(b * h * t), chunks = static_cast<size_t>(b * h * n);
-  gate_arrays out;
-  g.Gc = out.Gc = lc.ws.take<float>(tokens);
-  g.restarted = out.restarted = lc.ws.take<float>(tokens);
-  g.key_Gc = out.key_Gc = lc.ws.take<float>(tokens);
-  g.last_reset = out.last_reset = lc.ws.take<int32_t>(tokens);
-  g.total = out.total = lc.ws.take<float>(chunks);
-  g.key_total = out.key_total = lc.ws.take<float>(chunks);
-  if (lc.ws.sizing() || t == 0) return g;
-  if (n > 2147483647 || h > 65535 || b > 65535) throw std::runtime_error("chunk_gates: grid too large");
-  if (c > 2147483647) throw std::runtime_error("chunk_gates: chunk too long for 32-bit reset indices");
-  chunk_gates_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(h), static_cast<unsigned>(b)), kThreads, 0,
-                       lc.stream>>>(*log_g, t, h, c, n, out);
-  check_launch("chunk_gates");
-  return g;
-}
-
-}  // namespace expanse_cuda
+}  // namespace expanse_gpu

@@ -1,0 +1,17 @@
+// discumsum's launcher, and its arguments as a step of power_attention.
+#pragma once
+
+#include "gpu/ops/common.hpp"
+
+namespace expanse_gpu {
+
+// discumsum as a step of power_attention: Y holds the n states entering the chunks (in place over X)
+// and the state after the last chunk goes to final_state (null: not wanted), which the public
+// operation's Y (n + 1 slots) cannot express. The step's problem has want_final_state set, which a
+// public discumsum's never has; its A may be absent (no gates: no decay).
+struct discumsum_step_args {
+  expanse_discumsum_args op;
+  const expanse_tensor* final_state;
+};
+
+}  // namespace expanse_gpu

@@ -1,0 +1,29 @@
+// The implementations every GPU backend has, written once against gpu/vendor.hpp: the SIMT ("simple")
+// kernels of each operation, discumsum's scan and the composed operations. They take any shape and
+// dtype the core accepts, so a backend's list ends with them (docs/backends.md). Their functions
+// live in gpu/ops/<operation>.cu.
+#pragma once
+
+#include <string>
+
+#include "sdk/implementation.hpp"
+
+namespace expanse_gpu {
+
+#define EXPANSE_GPU_IMPLEMENTATION(var, name)                                                         \
+  std::string var##_declines(const expanse_op& op, const expanse_sdk::device_props& props);           \
+  void var##_run(const expanse_op& op, expanse_sdk::launch_context& lc);                              \
+  inline constexpr expanse_sdk::implementation var{name, expanse_sdk::any_device, var##_declines, var##_run};
+
+EXPANSE_GPU_IMPLEMENTATION(sympow_expand_simple, "simple")
+EXPANSE_GPU_IMPLEMENTATION(update_state_simple, "simple")
+EXPANSE_GPU_IMPLEMENTATION(discumsum_scan, "scan")
+EXPANSE_GPU_IMPLEMENTATION(query_state_simple, "simple")
+EXPANSE_GPU_IMPLEMENTATION(chunk_attention_simple, "simple")
+// The chunked algorithm composed of the operations above, each step through the backend's list.
+EXPANSE_GPU_IMPLEMENTATION(power_attention_chunked, "chunked")
+EXPANSE_GPU_IMPLEMENTATION(power_attention_step_fused, "fused")
+
+#undef EXPANSE_GPU_IMPLEMENTATION
+
+}  // namespace expanse_gpu

@@ -1,0 +1,40 @@
+// power_attention_step's fused implementation: the state update and the query in one pass over the
+// state (gpu/kernels/power_attention_step.hpp).
+#include "gpu/kernels/power_attention_step.hpp"
+#include "gpu/ops/common.hpp"
+#include "gpu/ops/implementations.hpp"
+
+namespace expanse_gpu {
+
+std::string power_attention_step_fused_declines(const expanse_op& op, const device_props&) {
+  const auto& a = args_of<expanse_power_attention_step_args>(op);
+  std::string why = common_declines(op);
+  if (why.empty() && (!is_f32(a.log_g) || !is_f32(a.S) || !is_f32(a.z))) why = "log_g, S and z must be f32";
+  return why;
+}
+
+void power_attention_step_fused_run(const expanse_op& op, launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = args_of<expanse_power_attention_step_args>(op);
+  const phi_entry* table = make_phi_table(pb, lc);
+  const int64_t row_blocks = (pb.D + kStepRowsPerThread - 1) / kStepRowsPerThread;
+  const int64_t col_groups = (pb.e + 1 + kStepThreads - 1) / kStepThreads;
+  float* partial = lc.ws.take<float>(size_t(pb.b * pb.hq * row_blocks * (pb.e + 1)));
+  if (lc.ws.sizing()) return;
+  expanse_tensor none{};
+  const expanse_tensor z = pb.normalize && a.z ? *a.z : (a.z ? *a.z : none);
+  const int64_t blocks = pb.b * pb.h * row_blocks * col_groups;
+  if (blocks == 0) return;
+  with_input_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    step_update_kernel<T><<<static_cast<unsigned>(blocks), kStepThreads, 0, lc.stream>>>(
+        *a.q, *a.k, *a.v, a.log_g ? *a.log_g : none, *a.S, z, table, pb, static_cast<float>(pb.scale), partial,
+        row_blocks, col_groups);
+    check_launch("power_attention_step update");
+    step_output_kernel<T><<<grid_for(pb.b * pb.hq * pb.e, 256), 256, 0, lc.stream>>>(partial, *a.o, pb, row_blocks,
+                                                                                     pb.normalize);
+    check_launch("power_attention_step output");
+  });
+}
+
+}  // namespace expanse_gpu

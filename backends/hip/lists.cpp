@@ -1,0 +1,33 @@
+// The HIP backend's lists: for now every operation runs the implementation all GPU backends share
+// (gpu/ops/), compiled for AMD GPUs. Faster ones (e.g. on CDNA's matrix cores) go before them,
+// tagged with the device features they need (docs/backends.md).
+#include "hip/lists.hpp"
+
+#include "gpu/ops/implementations.hpp"
+
+namespace expanse_hip {
+
+expanse_sdk::implementation_lists& hip_lists() {
+  static expanse_sdk::implementation_lists lists;
+  return lists;
+}
+
+const expanse_sdk::dispatcher& hip_dispatcher() {
+  static const expanse_sdk::dispatcher dispatcher("hip", hip_lists());
+  return dispatcher;
+}
+
+namespace {
+
+using expanse_sdk::registered_list;
+const registered_list kSympowExpand(hip_lists(), EXPANSE_OP_SYMPOW_EXPAND, {expanse_gpu::sympow_expand_simple});
+const registered_list kUpdateState(hip_lists(), EXPANSE_OP_UPDATE_STATE, {expanse_gpu::update_state_simple});
+const registered_list kDiscumsum(hip_lists(), EXPANSE_OP_DISCUMSUM, {expanse_gpu::discumsum_scan});
+const registered_list kQueryState(hip_lists(), EXPANSE_OP_QUERY_STATE, {expanse_gpu::query_state_simple});
+const registered_list kChunkAttention(hip_lists(), EXPANSE_OP_CHUNK_ATTENTION, {expanse_gpu::chunk_attention_simple});
+const registered_list kPowerAttention(hip_lists(), EXPANSE_OP_POWER_ATTENTION, {expanse_gpu::power_attention_chunked});
+const registered_list kPowerAttentionStep(hip_lists(), EXPANSE_OP_POWER_ATTENTION_STEP,
+                                          {expanse_gpu::power_attention_step_fused});
+
+}  // namespace
+}  // namespace expanse_hip
