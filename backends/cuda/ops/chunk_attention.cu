@@ -2,12 +2,20 @@
 // Implementations, best first: "flash" (tensor cores, f16/bf16, d and e in {32, 64, 128}),
 // "simple" (32 lanes per query row, any shape and dtype; shared with the HIP backend,
 // gpu/ops/chunk_attention.cu).
+#include "gpu/ops/chunk_attention.hpp"
 #include "gpu/ops/implementations.hpp"
 #include "kernels/sm80/flash_chunk_attention.cuh"
 #include "ops/op_common.hpp"
-#include "ops/state_ops.hpp"
 
 namespace expanse_cuda {
+
+// This backend's own implementations: why each declines a problem, and its launcher (defined
+// below, declared here for the list's entries that call them).
+std::string flash_chunk_attention_declines(const expanse_problem& pb, const attention_inputs& in,
+                                           const device_props& props);
+void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, const expanse_problem& pb,
+                                  launch_context& lc);
+
 namespace {
 
 std::string flash_declines(const expanse_op& op, const device_props& props) {

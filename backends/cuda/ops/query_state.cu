@@ -10,6 +10,7 @@
 //   and later), which take the same shapes;
 // - "simple" (32 lanes per query token and head, any shape and dtype; shared with the HIP backend,
 //   gpu/ops/query_state.cu).
+#include "gpu/ops/query_state.hpp"
 #include "gpu/ops/implementations.hpp"
 #include "kernels/sm80/mma_query_state.cuh"
 #include "kernels/sm90/blocked_query_state.cuh"
@@ -17,9 +18,31 @@
 #include "kernels/sm90/f16_state_tiles_clustered.cuh"
 #include "kernels/sm90/wgmma_query_state.cuh"
 #include "ops/op_common.hpp"
-#include "ops/state_ops.hpp"
 
 namespace expanse_cuda {
+
+// This backend's own implementations: why each declines a problem, and its launcher (defined
+// below, declared here for the list's entries that call them).
+std::string mma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
+void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
+                            bool normalize, launch_context& lc);
+std::string wgmma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
+void launch_wgmma_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
+                              const expanse_problem& pb, bool normalize, launch_context& lc);
+std::string blocked_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
+void launch_blocked_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
+                                const expanse_problem& pb, bool normalize, launch_context& lc);
+// The F16 kernel (one f16 product per step), after a pass that writes the states' column scales
+// and f16 B tiles into its scratch.
+struct f16_state_scratch {
+  float* scales = nullptr;  // null: not taken
+  __half* tiles = nullptr;
+};
+std::string f16_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props);
+f16_state_scratch take_f16_state_scratch(const expanse_problem& pb, workspace& ws);
+void launch_f16_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const f16_state_scratch& f16,
+                            const expanse_problem& pb, bool normalize, launch_context& lc);
+
 namespace {
 
 template <std::string (*kernel_declines)(const expanse_problem&, const query_inputs&, const device_props&)>
