@@ -175,13 +175,15 @@ std::vector<op_config> standard_cases() {
       c.dtype = f.dt; c.p = f.p; c.d = f.d; c.e = f.e; c.t = f.t; c.c = f.c; c.layout = f.layout;
       c.b = 2; c.hq = 4; c.h = 2;
       c.gated = c.resets = true;
-      // Normalized only where no state is queried (the quadratic form). After a reset a state holds
-      // few tokens, and phi(q)^T S / phi(q)^T z in D dimensions then cancels where q . k is near 0:
-      // the f64 reference missed the naive oracle's 1e-12 by up to 2.5x on such rows (a chunked P1
-      // case, one seed in about twenty), the f32 kernels 1e-5 likewise. Unnormalized outputs are
-      // compared over the whole tensor, where those rows weigh nothing.
+      // Unnormalized wherever a state is queried, by the library or by the naive oracle (which runs
+      // power_attention in the recurrent form, quadratic cases included). After a reset a state
+      // holds few tokens, and phi(q)^T S / phi(q)^T z in D dimensions then cancels where q . k is
+      // near 0: the f64 reference missed the naive oracle's 1e-12 by up to 3.2x on such rows (a
+      // chunked P1 case, one seed in about twenty; the quadratic f16 case at seed 544421116), the
+      // f32 kernels 1e-5 likewise. Unnormalized outputs are compared over the whole tensor, where
+      // those rows weigh nothing.
       const bool queries_states = f.op == expanse::ops::query_state || f.op == expanse::ops::power_attention_step ||
-                                  (f.op == expanse::ops::power_attention && f.c > 0);
+                                  f.op == expanse::ops::power_attention;
       c.normalize = f.p % 2 == 0 && !queries_states;
       c.intra = f.op == expanse::ops::query_state;
       c.initial_state = c.final_state = f.op == expanse::ops::power_attention;
