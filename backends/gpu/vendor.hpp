@@ -24,16 +24,14 @@ using stream_t = hipStream_t;
 using error_t = hipError_t;
 using half_t = __half;
 using bfloat16_t = hip_bfloat16;  // ROCm 5.2 has no __hip_bfloat16 yet
-// A wavefront of CDNA (gfx90a, gfx94x) has 64 lanes. The shared kernels work in groups of 32 lanes
-// (shfl_xor_32), which both widths hold; kernels written for one width read kWarpSize.
-constexpr int kWarpSize = 64;
+constexpr int kWarpSize = 64;  // a wavefront of CDNA (gfx90a, gfx94x)
 inline error_t last_error() { return hipGetLastError(); }
 inline bool failed(error_t e) { return e != hipSuccess; }
 inline const char* error_text(error_t e) { return hipGetErrorString(e); }
 __device__ __forceinline__ float bf16_to_f32(bfloat16_t x) { return static_cast<float>(x); }
 __device__ __forceinline__ bfloat16_t f32_to_bf16(float x) { return bfloat16_t(x); }  // rounds to nearest even
-// x from the lane `lane ^ mask` of the same group of 32 lanes (a wavefront holds two groups).
-__device__ __forceinline__ float shfl_xor_32(float x, int mask) { return __shfl_xor(x, mask, 32); }
+// x from the lane `lane ^ mask` of the same lane group (a wavefront holds two groups).
+__device__ __forceinline__ float shfl_xor_group(float x, int mask) { return __shfl_xor(x, mask, 32); }
 #else
 using stream_t = cudaStream_t;
 using error_t = cudaError_t;
@@ -45,9 +43,15 @@ inline bool failed(error_t e) { return e != cudaSuccess; }
 inline const char* error_text(error_t e) { return cudaGetErrorString(e); }
 __device__ __forceinline__ float bf16_to_f32(bfloat16_t x) { return __bfloat162float(x); }
 __device__ __forceinline__ bfloat16_t f32_to_bf16(float x) { return __float2bfloat16_rn(x); }
-// x from the lane `lane ^ mask` of the same group of 32 lanes (a warp); all 32 lanes take part.
-__device__ __forceinline__ float shfl_xor_32(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
+// x from the lane `lane ^ mask` of the same lane group (a warp); all 32 lanes take part.
+__device__ __forceinline__ float shfl_xor_group(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
 #endif
+
+// The lanes that cooperate on one row in the shared kernels (a shuffle reduction, a split of the
+// columns). It is 32 on both vendors, not the warp width: a 64-lane wavefront holds two groups, so
+// HIP runs the very code the CUDA build tests on NVIDIA GPUs, and a row's work fits a group.
+constexpr int kLaneGroup = 32;
+static_assert(kWarpSize % kLaneGroup == 0, "a warp holds whole lane groups");
 
 // Throws std::runtime_error with the runtime's text when the last launch failed.
 inline void check_launch(const char* what) {

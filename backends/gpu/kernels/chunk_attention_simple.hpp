@@ -1,4 +1,4 @@
-// chunk_attention, one group of 32 lanes per query row (any shape and dtype): the lanes split the
+// chunk_attention, one group of kLaneGroup (32) lanes per query row (any shape and dtype): the lanes split the
 // key dimension for each score (summed by shuffles) and the value columns for the output, with the
 // running maximum of the log-space scores (y, l, rowmax).
 #pragma once
@@ -16,25 +16,25 @@ constexpr int kAttentionColsPerLane = 8;
 
 template <class T>
 __global__ void simple_chunk_attention_kernel(attention_inputs in, gates g, expanse_problem pb) {
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x % kLaneGroup;
   const int64_t warps = pb.b * pb.t * pb.hq;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x / 32;
-  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < warps; w += stride) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x / kLaneGroup;
+  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLaneGroup; w < warps; w += stride) {
     const int64_t qh = w % pb.hq, i = (w / pb.hq) % pb.t, batch = w / (pb.hq * pb.t);
     const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv;
     const int64_t first = (i / pb.c) * pb.c;
     const float Gi = g.since_reset(bh, pb.t, i);
     const int64_t qoff = off4(in.q, batch, i, qh, 0);
-    for (int64_t col0 = 0; col0 < pb.e; col0 += 32 * kAttentionColsPerLane) {
+    for (int64_t col0 = 0; col0 < pb.e; col0 += kLaneGroup * kAttentionColsPerLane) {
       float acc[kAttentionColsPerLane];
       for (int j = 0; j < kAttentionColsPerLane; ++j) acc[j] = 0.f;
       float mx = -INFINITY, lsum = 0.f;
       for (int64_t j = first + g.first_key(bh, pb.t, i); j <= i; ++j) {  // keys before a reset: decay 0
         const int64_t koff = off4(in.k, batch, j, kv, 0);
         float part = 0.f;
-        for (int64_t dim = lane; dim < pb.d; dim += 32)
+        for (int64_t dim = lane; dim < pb.d; dim += kLaneGroup)
           part += load<T>(in.q, qoff + dim * in.q.strides[3]) * load<T>(in.k, koff + dim * in.k.strides[3]);
-        for (int o = 16; o > 0; o >>= 1) part += shfl_xor_32(part, o);
+        for (int o = kLaneGroup / 2; o > 0; o >>= 1) part += shfl_xor_group(part, o);
         const float dot = part * static_cast<float>(pb.scale);
         if (dot == 0.f) continue;
         const float s = pb.p * logf(fabsf(dot)) + (Gi - g.since_reset(bh, pb.t, j));
@@ -50,14 +50,14 @@ __global__ void simple_chunk_attention_kernel(attention_inputs in, gates g, expa
         const int64_t voff = off4(in.v, batch, j, kv, 0);
 #pragma unroll
         for (int c = 0; c < kAttentionColsPerLane; ++c) {
-          const int64_t col = col0 + lane + 32 * c;
+          const int64_t col = col0 + lane + kLaneGroup * c;
           if (col < pb.e) acc[c] += wgt * load<T>(in.v, voff + col * in.v.strides[3]);
         }
       }
       const bool empty = mx == -INFINITY;
 #pragma unroll
       for (int c = 0; c < kAttentionColsPerLane; ++c) {
-        const int64_t col = col0 + lane + 32 * c;
+        const int64_t col = col0 + lane + kLaneGroup * c;
         if (col < pb.e) *ptrf(in.y, off4(in.y, batch, i, qh, col)) = empty ? 0.f : acc[c];
       }
       if (col0 == 0 && lane == 0) {

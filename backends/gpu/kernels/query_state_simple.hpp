@@ -1,4 +1,4 @@
-// query_state, one group of 32 lanes per query token and head (any shape and dtype): the lanes split
+// query_state, one group of kLaneGroup (32) lanes per query token and head (any shape and dtype): the lanes split
 // the output columns; each walks the D rows of phi(q) and the state, then combines the result with
 // the intra-chunk term (query_output.hpp).
 #pragma once
@@ -14,15 +14,15 @@ struct query_inputs {
   expanse_tensor q, S, z, y, l, rowmax, o;
 };
 
-constexpr int kQueryColsPerLane = 8;  // a group of 32 lanes covers 256 output columns per pass
+constexpr int kQueryColsPerLane = 8;  // a lane group covers 256 output columns per pass
 
 template <class T>
 __global__ void simple_query_state_kernel(query_inputs in, gates g, const phi_entry* table, expanse_problem pb,
                                           int normalize, float scale_p) {
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x % kLaneGroup;
   const int64_t warps = pb.b * pb.t * pb.hq;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x / 32;
-  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < warps; w += stride) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x / kLaneGroup;
+  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLaneGroup; w < warps; w += stride) {
     const int64_t qh = w % pb.hq, i = (w / pb.hq) % pb.t, batch = w / (pb.hq * pb.t);
     const int64_t kv = qh / (pb.hq / pb.h), m = i / pb.c, bh = batch * pb.h + kv;
     const float f = scale_p, gi = g.cum(bh, pb.t, i);
@@ -34,7 +34,7 @@ __global__ void simple_query_state_kernel(query_inputs in, gates g, const phi_en
     }
     const int64_t qoff = off4(in.q, batch, i, qh, 0);
     auto qv = [&](int j) { return load<T>(in.q, qoff + j * in.q.strides[3]); };
-    for (int64_t col0 = 0; col0 < pb.e; col0 += 32 * kQueryColsPerLane) {
+    for (int64_t col0 = 0; col0 < pb.e; col0 += kLaneGroup * kQueryColsPerLane) {
       float acc[kQueryColsPerLane];
       for (int j = 0; j < kQueryColsPerLane; ++j) acc[j] = 0.f;
       float den = 0.f;
@@ -44,7 +44,7 @@ __global__ void simple_query_state_kernel(query_inputs in, gates g, const phi_en
           const int64_t so = off5(in.S, batch, m, kv, r, 0);
 #pragma unroll
           for (int j = 0; j < kQueryColsPerLane; ++j) {
-            const int64_t col = col0 + lane + 32 * j;
+            const int64_t col = col0 + lane + kLaneGroup * j;
             if (col < pb.e) acc[j] += ph * loadf(in.S, so + col * in.S.strides[4]);
           }
           if (normalize) den += ph * loadf(in.z, off4(in.z, batch, m, kv, r));
@@ -52,7 +52,7 @@ __global__ void simple_query_state_kernel(query_inputs in, gates g, const phi_en
       }
 #pragma unroll
       for (int j = 0; j < kQueryColsPerLane; ++j) {
-        const int64_t col = col0 + lane + 32 * j;
+        const int64_t col = col0 + lane + kLaneGroup * j;
         if (col >= pb.e) continue;
         const float yv = intra ? loadf(in.y, off4(in.y, batch, i, qh, col)) : 0.f;
         const float o = combine_output(acc[j] * f, den * f, gi, intra, yv, lv, rm, normalize != 0);

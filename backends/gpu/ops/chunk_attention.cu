@@ -28,7 +28,7 @@ void chunk_attention_simple_run(const expanse_op& op, launch_context& lc) {
   const auto& a = args_of<expanse_chunk_attention_args>(op);
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   if (lc.ws.sizing()) return;
-  const int64_t threads = pb.b * pb.t * pb.hq * 32;
+  const int64_t threads = pb.b * pb.t * pb.hq * kLaneGroup;
   if (threads == 0) return;
   const attention_inputs in = attention_inputs_of(a);
   with_input_type(pb.input_dtype, [&](auto tag) {

@@ -40,7 +40,7 @@ void query_state_simple_run(const expanse_op& op, launch_context& lc) {
   const phi_entry* table = make_phi_table(pb, lc);
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   if (lc.ws.sizing()) return;
-  const int64_t threads = pb.b * pb.t * pb.hq * 32;
+  const int64_t threads = pb.b * pb.t * pb.hq * kLaneGroup;
   if (threads == 0) return;
   const query_inputs in = query_inputs_of(a);
   with_input_type(pb.input_dtype, [&](auto tag) {
