@@ -18,6 +18,7 @@ void query_state(const expanse_problem& pb, const expanse_query_state_args& args
 void chunk_attention(const expanse_problem& pb, const expanse_chunk_attention_args& args);
 void power_attention(const expanse_problem& pb, const expanse_power_attention_args& args);
 void power_attention_step(const expanse_problem& pb, const expanse_power_attention_step_args& args);
+void power_attention_backward(const expanse_problem& pb, const expanse_power_attention_backward_args& args);
 
 }  // namespace expanse_ref
 

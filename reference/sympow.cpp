@@ -154,6 +154,30 @@ Vector FeatureMap::expand_vector(const Vector& x) const {
   return out;
 }
 
+void FeatureMap::pullback(const double* x, const double* dphi, double* dx) const {
+  for (int64_t i = 0; i < d_; ++i) dx[i] = 0.0;
+  const int32_t* idx = index_.data();
+  const int64_t D = this->D();
+  for (int64_t a = 0; a < D; ++a, idx += p_) {
+    const double w = dphi[a] * coefficient_[a];
+    if (w == 0.0) continue;
+    for (int f = 0; f < p_; ++f) {
+      double others = w;
+      for (int g = 0; g < p_; ++g)
+        if (g != f) others *= x[idx[g]];
+      dx[idx[f]] += others;
+    }
+  }
+}
+
+RowMatrix FeatureMap::pullback_rows(const RowMatrix& X, const RowMatrix& dPhi) const {
+  if (X.cols() != d_ || dPhi.cols() != D() || X.rows() != dPhi.rows())
+    throw std::logic_error("reference: pullback_rows got mismatched shapes");
+  RowMatrix out(X.rows(), d_);
+  for (int64_t i = 0; i < X.rows(); ++i) pullback(X.row(i).data(), dPhi.row(i).data(), out.row(i).data());
+  return out;
+}
+
 // ------------------------------------------------------------------ operation sympow_expand
 
 // x [..., d] -> out [..., D]. problem.rows vectors; the leading multi-index is walked with each

@@ -36,6 +36,13 @@ class FeatureMap {
   RowMatrix expand_rows(const RowMatrix& X) const;
   Vector expand_vector(const Vector& x) const;
 
+  // The pullback of phi at x: dx[0..d) = J_phi(x)^T dphi[0..D), the gradient with respect to x of
+  // <phi(x), dphi>. Each entry a adds dphi_a * coefficient * (the product of its other factors) to the
+  // coordinate of each of its factors.
+  void pullback(const double* x, const double* dphi, double* dx) const;
+  // Row-wise: X [rows x d], dPhi [rows x D] -> [rows x d].
+  RowMatrix pullback_rows(const RowMatrix& X, const RowMatrix& dPhi) const;
+
  private:
   int p_;
   int64_t d_;

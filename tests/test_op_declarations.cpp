@@ -60,7 +60,7 @@ TEST_CASE("op declarations: names, parameters and their defaults") {
     }
   }
   expanse_op_kind op;
-  CHECK(expanse_op_from_name("power_attention_backward", &op) == EXPANSE_ERROR_INVALID_ARGUMENT);
+  CHECK(expanse_op_from_name("power_attention_backwards", &op) == EXPANSE_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(expanse_last_error()).find("known: sympow_expand, update_state") != std::string::npos);
   CHECK(expanse_op_args_init(static_cast<expanse_op_kind>(99), &op) == EXPANSE_ERROR_INVALID_ARGUMENT);
 }

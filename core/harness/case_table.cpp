@@ -203,6 +203,44 @@ std::vector<op_config> standard_cases() {
     c.b = 3; c.hq = 2; c.h = 2; c.d = 32; c.e = 32; c.t = 1; c.dtype = dt; c.layout = tiled(8);
     cases.push_back(c);
   }
+
+  // power_attention_backward: quadratic and chunked, every p, gating, grouped heads, normalized or
+  // not, initial and final states, ragged chunks, t = 1, resets, every dtype.
+  for (int p = 1; p <= 4; ++p)
+    for (int64_t chunk : {0, 16}) {
+      op_config c = base(expanse::ops::power_attention_backward);
+      c.t = 37; c.c = chunk; c.hq = 4; c.h = 2; c.d = 8; c.e = 6; c.p = p; c.normalize = p % 2 == 0;
+      c.layout = p == 4 ? tiled(4) : kSympow;
+      c.initial_state = p >= 2;
+      c.final_state = p != 3;
+      c.gated = p != 1 || chunk == 0;
+      cases.push_back(c);
+    }
+  for (expanse_dtype dt : dtypes)
+    for (int64_t chunk : {0, 32}) {
+      op_config c = base(expanse::ops::power_attention_backward);
+      c.b = 2; c.t = 100; c.c = chunk; c.hq = 2; c.h = 2; c.d = 16; c.e = 16; c.dtype = dt; c.layout = tiled(8);
+      cases.push_back(c);
+    }
+  {
+    op_config c = base(expanse::ops::power_attention_backward);  // t = 1
+    c.t = 1; c.c = 16; c.final_state = true; c.initial_state = true;
+    cases.push_back(c);
+    c.t = 33; c.c = 1; c.gated = false; c.initial_state = false;  // one token per chunk
+    cases.push_back(c);
+    c.t = 64; c.c = 24; c.d = 20; c.e = 3; c.hq = 6; c.h = 3; c.gated = true;  // d, e not powers of two
+    c.scale = 0.37;
+    cases.push_back(c);
+    c = base(expanse::ops::power_attention_backward);  // resets, with states in and out
+    c.b = 2; c.t = 37; c.hq = 4; c.h = 2; c.d = 8; c.e = 6; c.gated = c.resets = true;
+    c.initial_state = c.final_state = true;
+    for (int64_t chunk : {0, 16})
+      for (bool normalize : {false, true}) {
+        c.c = chunk;
+        c.normalize = normalize;
+        cases.push_back(c);
+      }
+  }
   return cases;
 }
 

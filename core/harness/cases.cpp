@@ -119,9 +119,13 @@ bool starts_with(const std::string& s, const char* prefix) { return s.rfind(pref
 // discumsum's Y_init) with initial_state, final states with final_state; the intra-chunk inputs
 // with intra; a normalizer (z, *_z) given as an input, initial or final state also needs normalize;
 // other optional outputs always.
+// A backward's cotangents and gradients go with what they belong to (dlog_g with log_g, dfinal_* with
+// final_*, dinitial_* with initial_*); its input o, the forward's output, with normalize.
 bool gives(const op_config& cfg, const expanse_tensor_arg_info& t) {
   if (t.required) return true;
-  const std::string name = t.name;
+  std::string name = t.name;
+  if (name == "o" && t.role == EXPANSE_ARG_INPUT) return cfg.normalize;
+  if (starts_with(name, "dlog_g") || starts_with(name, "dinitial_") || starts_with(name, "dfinal_")) name.erase(0, 1);
   const bool normalizer = name == "z" || (name.size() > 2 && name.compare(name.size() - 2, 2, "_z") == 0);
   if (name == "log_g") return cfg.gated;
   if (starts_with(name, "initial_") || name == "Y_init") return cfg.initial_state && (!normalizer || cfg.normalize);
@@ -177,10 +181,10 @@ expanse_dtype dtype_for(const op_config& cfg, const op_tables& op, const expanse
 }
 
 // A state [b,h,D,e] or normalizer [b,h,D] entering a sequence (power_attention's initial state, a
-// decoding step's state).
+// decoding step's state); a backward's cotangent of a state is plain noise.
 bool is_entering_state(const expanse_tensor_arg_info& t) {
   const std::string dims = t.dims;
-  return dims == "b h D e" || dims == "b h D";
+  return (dims == "b h D e" || dims == "b h D") && !starts_with(t.name, "dfinal_");
 }
 // Chunk states [b,n,h,D,e] / [b,n,h,D] as inputs (query_state's S, z).
 bool is_chunk_state(const expanse_tensor_arg_info& t) {
@@ -262,6 +266,16 @@ tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent) {
       if (is_entering_state(t) && in.count(t.name)) in[t.name] = std::string(t.dims) == "b h D e" ? S : z;
   }
   if (chunk_states && consistent) consistent_query_inputs(cfg, rng, in);
+  // A backward's o is its forward's output on these inputs (as a caller saves it).
+  if (in.count("o")) {
+    expanse_op_kind forward;
+    const std::string name = expanse_op_name(cfg.op);
+    expanse::check(expanse_op_from_name(name.substr(0, name.rfind("_backward")).c_str(), &forward));
+    op_config f = cfg;
+    f.op = forward;
+    f.final_state = false;
+    in["o"] = cast(naive::run(f, in).at("o"), in["o"].dtype);
+  }
   return in;
 }
 

@@ -92,14 +92,16 @@ std::vector<real> scaled(std::vector<real> x, real s) {
 
 }  // namespace
 
-std::vector<real> phi_ext(const std::vector<real>& x, int32_t p, expanse_layout layout) {
+// phi over any number type R that multiplies (real, or dual below for its derivatives).
+template <class R>
+std::vector<R> phi_of(const std::vector<R>& x, int32_t p, expanse_layout layout) {
   if (p < 1) throw std::invalid_argument("naive oracle: p must be >= 1");
   const int64_t d = static_cast<int64_t>(x.size());
-  std::vector<real> out;
+  std::vector<R> out;
   if (p == 1) return x;
   if (layout.kind == EXPANSE_LAYOUT_SYMPOW) {
     enumerate(p, d, true, [&](const std::vector<int64_t>& idx) {
-      real v = sym_coef(idx);
+      R v = R(sym_coef(idx));
       for (int64_t i : idx) v *= x[static_cast<size_t>(i)];
       out.push_back(v);
     });
@@ -109,14 +111,14 @@ std::vector<real> phi_ext(const std::vector<real>& x, int32_t p, expanse_layout 
     enumerate(p, d / dt, true, [&](const std::vector<int64_t>& tiles) {
       const real coef = sym_coef(tiles);
       enumerate(p, dt, false, [&](const std::vector<int64_t>& local) {
-        real v = coef;
+        R v = R(coef);
         for (size_t k = 0; k < local.size(); ++k) v *= x[static_cast<size_t>(tiles[k] * dt + local[k])];
         out.push_back(v);
       });
     });
   } else if (layout.kind == EXPANSE_LAYOUT_TENSOR) {
     enumerate(p, d, false, [&](const std::vector<int64_t>& idx) {
-      real v = 1;
+      R v = R(1);
       for (int64_t i : idx) v *= x[static_cast<size_t>(i)];
       out.push_back(v);
     });
@@ -125,6 +127,38 @@ std::vector<real> phi_ext(const std::vector<real>& x, int32_t p, expanse_layout 
   }
   return out;
 }
+
+std::vector<real> phi_ext(const std::vector<real>& x, int32_t p, expanse_layout layout) { return phi_of(x, p, layout); }
+
+namespace {
+
+// a + b eps with eps^2 = 0: phi evaluated at x + eps e_k has column k of phi's Jacobian as its eps
+// part, with none of the reference's hand-written pullback.
+struct dual {
+  real a = 0, b = 0;
+  dual() = default;
+  explicit dual(real value, real slope = 0) : a(value), b(slope) {}
+  dual& operator*=(const dual& y) {
+    b = a * y.b + b * y.a;
+    a *= y.a;
+    return *this;
+  }
+};
+
+// J_phi(x)^T dphi: coordinate k is the derivative of <phi(x), dphi> along x_k.
+std::vector<real> phi_pullback(const std::vector<real>& x, const std::vector<real>& dphi, int32_t p,
+                               expanse_layout layout) {
+  std::vector<real> dx(x.size(), 0.0);
+  for (size_t k = 0; k < x.size(); ++k) {
+    std::vector<dual> xd;
+    for (size_t i = 0; i < x.size(); ++i) xd.emplace_back(x[i], i == k ? 1.0 : 0.0);
+    const std::vector<dual> f = phi_of(xd, p, layout);
+    for (size_t a = 0; a < f.size(); ++a) dx[k] += f[a].b * dphi[a];
+  }
+  return dx;
+}
+
+}  // namespace
 
 std::vector<double> phi(const std::vector<double>& x, int32_t p, expanse_layout layout) {
   const std::vector<real> f = phi_ext(std::vector<real>(x.begin(), x.end()), p, layout);
@@ -378,6 +412,103 @@ struct problem {
     if (step || cfg.final_state) {
       out[step ? "S" : "final_S"] = std::move(Sf);
       if (cfg.normalize) out[step ? "z" : "final_z"] = std::move(zf);
+    }
+    return out;
+  }
+
+  // power_attention_backward (docs/spec.md "Gradients") in reverse mode, token by token: the states
+  // after every token are kept, then the state cotangents run backwards,
+  //   dS <- dS + sum_heads phi(qs_i) dnum_i^T;  dq_i, dk_i, dv_i, dlog_g_i from dS, S;  dS <- g_i dS.
+  tensor_map power_attention_backward() const {
+    const bool has_init = cfg.initial_state && in.has("initial_S");
+    const int64_t De = D * e;
+    host_tensor dq = host_tensor::zeros(EXPANSE_F64, {b, t, hq, d}), dk = host_tensor::zeros(EXPANSE_F64, {b, t, h, d});
+    host_tensor dv = host_tensor::zeros(EXPANSE_F64, {b, t, h, e}), dlog_g = host_tensor::zeros(EXPANSE_F64, {b, t, h});
+    host_tensor dS0 = host_tensor::zeros(EXPANSE_F64, {b, h, D, e}), dz0 = host_tensor::zeros(EXPANSE_F64, {b, h, D});
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t hi = 0; hi < h; ++hi) {
+        // states[i] (zs[i]): the state before token i; states[t] is the final one.
+        std::vector<std::vector<real>> states(size_t(t + 1), std::vector<real>(size_t(De), 0.0));
+        std::vector<std::vector<real>> zs(size_t(t + 1), std::vector<real>(size_t(D), 0.0));
+        if (has_init) {
+          states[0] = in.vec("initial_S", (bi * h + hi) * De, De);
+          if (cfg.normalize) zs[0] = in.vec("initial_z", (bi * h + hi) * D, D);
+        }
+        for (int64_t ti = 0; ti < t; ++ti) {
+          const real g = std::exp(logg(bi, ti, hi));
+          const std::vector<real> fk = phi_ext(in.vec("k", koff(bi, ti, hi), d), p, cfg.layout);
+          const std::vector<real> vj = in.vec("v", voff(bi, ti, hi), e);
+          for (int64_t x = 0; x < D; ++x) {
+            zs[size_t(ti + 1)][size_t(x)] = g * zs[size_t(ti)][size_t(x)] + fk[size_t(x)];
+            for (int64_t y = 0; y < e; ++y)
+              states[size_t(ti + 1)][size_t(x * e + y)] = g * states[size_t(ti)][size_t(x * e + y)] + fk[size_t(x)] * vj[size_t(y)];
+          }
+        }
+        std::vector<real> dS(size_t(De), 0.0), dz(size_t(D), 0.0);
+        if (cfg.final_state) {
+          dS = in.vec("dfinal_S", (bi * h + hi) * De, De);
+          if (cfg.normalize) dz = in.vec("dfinal_z", (bi * h + hi) * D, D);
+        }
+        for (int64_t ti = t - 1; ti >= 0; --ti) {
+          const std::vector<real>& Si = states[size_t(ti + 1)];
+          const std::vector<real>& zi = zs[size_t(ti + 1)];
+          for (int64_t qi = hi * r; qi < (hi + 1) * r; ++qi) {
+            const std::vector<real> qs = scaled(in.vec("q", qoff(bi, ti, qi), d), scale);
+            const std::vector<real> fq = phi_ext(qs, p, cfg.layout);
+            const int64_t row = (bi * t + ti) * hq + qi;
+            std::vector<real> dnum = in.vec("dout", row * e, e);
+            real dden = 0;
+            if (cfg.normalize) {
+              const real den = dot(fq, zi);
+              if (den == 0.0) {
+                dnum.assign(size_t(e), 0.0);
+              } else {
+                dden = -dot(dnum, in.vec("o", row * e, e)) / den;
+                for (real& x : dnum) x /= den;
+              }
+            }
+            std::vector<real> dfq(size_t(D), 0.0);
+            for (int64_t x = 0; x < D; ++x) {
+              dfq[size_t(x)] = zi[size_t(x)] * dden;
+              for (int64_t y = 0; y < e; ++y) {
+                dfq[size_t(x)] += Si[size_t(x * e + y)] * dnum[size_t(y)];
+                dS[size_t(x * e + y)] += fq[size_t(x)] * dnum[size_t(y)];
+              }
+              dz[size_t(x)] += fq[size_t(x)] * dden;
+            }
+            const std::vector<real> g = phi_pullback(qs, dfq, p, cfg.layout);
+            for (int64_t x = 0; x < d; ++x) dq.set(row * d + x, scale * g[size_t(x)]);
+          }
+          const std::vector<real> kj = in.vec("k", koff(bi, ti, hi), d), vj = in.vec("v", voff(bi, ti, hi), e);
+          const std::vector<real> fk = phi_ext(kj, p, cfg.layout);
+          std::vector<real> dfk(size_t(D), 0.0), dvj(size_t(e), 0.0);
+          for (int64_t x = 0; x < D; ++x) {
+            dfk[size_t(x)] = dz[size_t(x)];
+            for (int64_t y = 0; y < e; ++y) {
+              dfk[size_t(x)] += dS[size_t(x * e + y)] * vj[size_t(y)];
+              dvj[size_t(y)] += dS[size_t(x * e + y)] * fk[size_t(x)];
+            }
+          }
+          const std::vector<real> dkj = phi_pullback(kj, dfk, p, cfg.layout);
+          for (int64_t x = 0; x < d; ++x) dk.set(koff(bi, ti, hi) + x, dkj[size_t(x)]);
+          for (int64_t y = 0; y < e; ++y) dv.set(voff(bi, ti, hi) + y, dvj[size_t(y)]);
+          // S_i = g_i S_{i-1} + ...: dlog_g_i = g_i <dS_i, S_{i-1}> (likewise z), and dS_{i-1} gets g_i dS_i.
+          const real g = std::exp(logg(bi, ti, hi));
+          dlog_g.set((bi * t + ti) * h + hi, g * (dot(dS, states[size_t(ti)]) + dot(dz, zs[size_t(ti)])));
+          for (real& x : dS) x *= g;
+          for (real& x : dz) x *= g;
+        }
+        for (int64_t x = 0; x < De; ++x) dS0.set((bi * h + hi) * De + x, dS[size_t(x)]);
+        for (int64_t x = 0; x < D; ++x) dz0.set((bi * h + hi) * D + x, dz[size_t(x)]);
+      }
+    tensor_map out;
+    out["dq"] = std::move(dq);
+    out["dk"] = std::move(dk);
+    out["dv"] = std::move(dv);
+    if (gated) out["dlog_g"] = std::move(dlog_g);
+    if (has_init) {
+      out["dinitial_S"] = std::move(dS0);
+      if (cfg.normalize) out["dinitial_z"] = std::move(dz0);
     }
     return out;
   }

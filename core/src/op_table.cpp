@@ -151,6 +151,41 @@ const param_decl kPowerAttentionStepParams[] = {
     EXPANSE_LAYOUT(power_attention_step),
 };
 
+// ---------------------------------------------------------------- power_attention_backward
+using power_attention_backward = expanse_power_attention_backward_args;
+const tensor_decl kPowerAttentionBackwardTensors[] = {
+    EXPANSE_TENSOR(power_attention_backward, q, kIn, kRequired, "b t hq d", D::any_float),
+    EXPANSE_TENSOR(power_attention_backward, k, kIn, kRequired, "b t h d", D::same_as, "q"),
+    EXPANSE_TENSOR(power_attention_backward, v, kIn, kRequired, "b t h e", D::same_as, "q"),
+    EXPANSE_TENSOR(power_attention_backward, log_g, kIn, kOptional, "b t h", D::state_float, nullptr, kGates),
+    EXPANSE_TENSOR(power_attention_backward, initial_S, kIn, kOptional, "b h D e", D::state_float, nullptr,
+                   kState | kInitial),
+    EXPANSE_TENSOR(power_attention_backward, initial_z, kIn, kOptional, "b h D", D::same_as, "initial_S", kState,
+                   "initial_S", true),
+    EXPANSE_TENSOR(power_attention_backward, o, kIn, kOptional, "b t hq e", D::same_as, "q", 0, nullptr, true),
+    EXPANSE_TENSOR(power_attention_backward, dout, kIn, kRequired, "b t hq e", D::same_as, "q"),
+    EXPANSE_TENSOR(power_attention_backward, dfinal_S, kIn, kOptional, "b h D e", D::state_float, nullptr,
+                   kState | kFinal),
+    EXPANSE_TENSOR(power_attention_backward, dfinal_z, kIn, kOptional, "b h D", D::state_float, nullptr,
+                   kState | kFinal),
+    EXPANSE_TENSOR(power_attention_backward, dq, kOut, kRequired, "b t hq d", D::output_of, "q", kPrimary),
+    EXPANSE_TENSOR(power_attention_backward, dk, kOut, kRequired, "b t h d", D::output_of, "k"),
+    EXPANSE_TENSOR(power_attention_backward, dv, kOut, kRequired, "b t h e", D::output_of, "v"),
+    EXPANSE_TENSOR(power_attention_backward, dlog_g, kOut, kOptional, "b t h", D::state_float, nullptr, 0, "log_g"),
+    EXPANSE_TENSOR(power_attention_backward, dinitial_S, kOut, kOptional, "b h D e", D::state_float, nullptr, kState,
+                   "initial_S"),
+    EXPANSE_TENSOR(power_attention_backward, dinitial_z, kOut, kOptional, "b h D", D::state_float, nullptr, kState,
+                   "initial_z"),
+};
+const param_decl kPowerAttentionBackwardParams[] = {
+    EXPANSE_P(power_attention_backward, 4),
+    EXPANSE_SCALE(power_attention_backward),
+    EXPANSE_PARAM(power_attention_backward, chunk_size, EXPANSE_PARAM_INT64, EXPANSE_CHUNK_AUTO, chunk_or_auto,
+                  "tokens per chunk (>= 1); 0: the quadratic form; -1: the backend chooses"),
+    EXPANSE_NORMALIZE(power_attention_backward),
+    EXPANSE_LAYOUT(power_attention_backward),
+};
+
 #undef EXPANSE_TENSOR
 #undef EXPANSE_PARAM
 #undef EXPANSE_P
@@ -205,6 +240,8 @@ const op_decl kOps[EXPANSE_OP_COUNT] = {
     declare<power_attention>("power_attention", kPowerAttentionTensors, kPowerAttentionParams, "d e h hq", 4),
     declare<power_attention_step>("power_attention_step", kPowerAttentionStepTensors, kPowerAttentionStepParams,
                                   "d e h hq", 4),
+    declare<power_attention_backward>("power_attention_backward", kPowerAttentionBackwardTensors,
+                                      kPowerAttentionBackwardParams, "d e h hq", 4),
 };
 
 // The table is in the order of expanse_op_kind: each entry's name is the one EXPANSE_OPERATIONS gives

@@ -595,7 +595,7 @@ const op_decl& declaration(int32_t kind, const void* args) {
   const op_decl* op = op_declaration(kind);
   if (!op) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "unknown operation kind %d", kind);
   if (!args) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument 'args' is NULL", op->name);
-  static_assert(kMaxArgsSize >= sizeof(expanse_power_attention_args), "room for the largest args struct");
+  static_assert(kMaxArgsSize >= sizeof(expanse_power_attention_backward_args), "room for the largest args struct");
   if (op->args_size > kMaxArgsSize || op->tensor_count > kMaxTensorArgs)
     fail(EXPANSE_ERROR_INTERNAL, "%s: its arguments outgrow validated_op", op->name);
   return *op;

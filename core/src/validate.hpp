@@ -17,7 +17,7 @@ struct device_requirement {
 
 // Room for the largest *_args struct and its tensors (static_asserts in validate.cpp).
 constexpr size_t kMaxArgsSize = 256;
-constexpr int kMaxTensorArgs = 12;
+constexpr int kMaxTensorArgs = 24;
 
 struct validated_op {
   expanse_problem problem{};

@@ -8,7 +8,7 @@
 // Input format (little endian; reading past the end gives zeros, so any byte string is an input;
 // tests/fuzz/make_corpus.py writes inputs from a readable description):
 //
-//   u8   op          % 8 (7 is EXPANSE_OP_COUNT, an unknown operation)
+//   u8   op          % 16 (EXPANSE_OP_COUNT and above: an unknown operation)
 //   u8   flags       bit 0: pass args = NULL; bit 1: also call expanse_supports/expanse_workspace_size;
 //                    bit 2: run with the opt-in check of finite inputs (expanse_context_set_check_finite)
 //   INT  p, INT chunk_size, F64 scale, INT normalize, INT layout.kind, INT layout.d_tile
@@ -47,6 +47,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "expanse/expanse.h"
@@ -57,43 +58,26 @@ constexpr int64_t kMaxTensorElements = 8192;
 constexpr int64_t kMaxTensorBytes = 1 << 16;
 
 // ---------------------------------------------------------------- the operations' arguments
-// The tensor arguments of each op come from the library's own table (expanse_op_tensor_args); its
-// scalar fields and _init function, which that table does not describe, from this one.
+// Everything about an op's arguments comes from the library's own tables: its tensors
+// (expanse_op_tensor_args), its parameters (expanse_op_params: the fuzzed scalars go to the fields of
+// these names) and their defaults (expanse_op_args_init).
 
-struct op_scalars {
-  void (*init)(void*);
-  ptrdiff_t p, chunk_size, scale, normalize, layout;  // field offsets, -1 where the op has none
-};
-
-template <class A, void (*Init)(A*)>
-void init_as(void* a) { Init(static_cast<A*>(a)); }
-
-#define FIELD(A, f) static_cast<ptrdiff_t>(offsetof(A, f))
-
-const op_scalars& scalars_of(int op) {
-  using S = expanse_sympow_expand_args;
-  using U = expanse_update_state_args;
-  using D = expanse_discumsum_args;
-  using Q = expanse_query_state_args;
-  using C = expanse_chunk_attention_args;
-  using P = expanse_power_attention_args;
-  using T = expanse_power_attention_step_args;
-  static const op_scalars ops[EXPANSE_OP_COUNT] = {
-      {init_as<S, expanse_sympow_expand_args_init>, FIELD(S, p), -1, -1, -1, FIELD(S, layout)},
-      {init_as<U, expanse_update_state_args_init>, FIELD(U, p), FIELD(U, chunk_size), -1, -1, FIELD(U, layout)},
-      {init_as<D, expanse_discumsum_args_init>, -1, -1, -1, -1, -1},
-      {init_as<Q, expanse_query_state_args_init>, FIELD(Q, p), FIELD(Q, chunk_size), FIELD(Q, scale),
-       FIELD(Q, normalize), FIELD(Q, layout)},
-      {init_as<C, expanse_chunk_attention_args_init>, FIELD(C, p), FIELD(C, chunk_size), FIELD(C, scale), -1, -1},
-      {init_as<P, expanse_power_attention_args_init>, FIELD(P, p), FIELD(P, chunk_size), FIELD(P, scale),
-       FIELD(P, normalize), FIELD(P, layout)},
-      {init_as<T, expanse_power_attention_step_args_init>, FIELD(T, p), -1, FIELD(T, scale), FIELD(T, normalize),
-       FIELD(T, layout)},
-  };
-  return ops[op];
+// Writes the fuzzed scalars into the parameters of the op that has them.
+void set_params(expanse_op_kind op, char* args, int32_t p, int64_t chunk_size, double scale, int32_t normalize,
+                const expanse_layout& layout) {
+  const expanse_param_info* params = nullptr;
+  const int32_t count = expanse_op_params(op, &params);
+  for (int32_t i = 0; i < count; ++i) {
+    const std::string name = params[i].name;
+    char* at = args + params[i].offset;
+    if (name == "p") std::memcpy(at, &p, sizeof(p));
+    else if (name == "chunk_size") std::memcpy(at, &chunk_size, sizeof(chunk_size));
+    else if (name == "scale") std::memcpy(at, &scale, sizeof(scale));
+    else if (name == "normalize") std::memcpy(at, &normalize, sizeof(normalize));
+    else if (name == "layout") std::memcpy(at, &layout, sizeof(layout));
+    else std::abort();  // a parameter this harness does not fuzz yet: extend the input format
+  }
 }
-
-#undef FIELD
 
 // ---------------------------------------------------------------- reading the input
 
@@ -345,7 +329,7 @@ expanse_context* reference_context() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   reader in(data, size);
-  const int op = in.u8() % 8;
+  const int op = in.u8() % 16;
   const uint8_t flags = in.u8();
   const int32_t p = in.int32();
   const int64_t chunk_size = in.integer();
@@ -356,16 +340,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   layout.d_tile = in.int32();
 
   expanse_context* ctx = reference_context();
-  if (op == EXPANSE_OP_COUNT) {  // an unknown operation, with or without arguments
+  if (op >= EXPANSE_OP_COUNT) {  // an unknown operation, with or without arguments
     alignas(16) char dummy[512] = {0};
-    const expanse_status st = expanse_run(ctx, EXPANSE_OP_COUNT, (flags & 1) ? nullptr : dummy);
+    const expanse_status st = expanse_run(ctx, static_cast<expanse_op_kind>(op), (flags & 1) ? nullptr : dummy);
     check_status("expanse_run", op, st);
     if (st == EXPANSE_OK) std::abort();
     return 0;
   }
 
   const auto kind = static_cast<expanse_op_kind>(op);
-  const op_scalars& ot = scalars_of(op);
   const expanse_tensor_arg_info* infos = nullptr;
   const int32_t count = expanse_op_tensor_args(kind, &infos);
   const size_t args_size = expanse_op_args_size(kind);
@@ -464,16 +447,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // defaults from the op's _init, then the fuzzed fields.
   std::unique_ptr<char[]> args_struct(new char[args_size]);
   char* storage = args_struct.get();
-  ot.init(storage);
+  if (expanse_op_args_init(kind, storage) != EXPANSE_OK) std::abort();
   for (size_t i = 0; i < n; ++i) {
     expanse_tensor* ptr = args[i].mode == 0 ? nullptr : &args[i].t;
     std::memcpy(storage + infos[i].offset, &ptr, sizeof(ptr));
   }
-  if (ot.p >= 0) std::memcpy(storage + ot.p, &p, sizeof(p));
-  if (ot.chunk_size >= 0) std::memcpy(storage + ot.chunk_size, &chunk_size, sizeof(chunk_size));
-  if (ot.scale >= 0) std::memcpy(storage + ot.scale, &scale, sizeof(scale));
-  if (ot.normalize >= 0) std::memcpy(storage + ot.normalize, &normalize, sizeof(normalize));
-  if (ot.layout >= 0) std::memcpy(storage + ot.layout, &layout, sizeof(layout));
+  set_params(kind, storage, p, chunk_size, scale, normalize, layout);
 
   // The reference computes power_attention without given states through a D x e state: skip
   // problems whose expanded dimension alone would make one run take seconds (no tensor of the

@@ -17,7 +17,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
 F16, BF16, F32, F64 = 0, 1, 2, 3
-SYMPOW, UPDATE, DISCUMSUM, QUERY, CHUNK, ATTENTION, STEP, UNKNOWN_OP = range(8)
+SYMPOW, UPDATE, DISCUMSUM, QUERY, CHUNK, ATTENTION, STEP, BACKWARD = range(8)
+UNKNOWN_OP = 15  # any op code from EXPANSE_OP_COUNT on
 # Tensor arguments per op, in the order of expanse_op_tensor_args (core/src/op_table.cpp).
 SLOTS = {
     SYMPOW: ["x", "out"],
@@ -27,6 +28,8 @@ SLOTS = {
     CHUNK: ["q", "k", "v", "log_g", "y", "l", "rowmax"],
     ATTENTION: ["q", "k", "v", "log_g", "initial_S", "initial_z", "o", "final_S", "final_z"],
     STEP: ["q", "k", "v", "log_g", "S", "z", "o"],
+    BACKWARD: ["q", "k", "v", "log_g", "initial_S", "initial_z", "o", "dout", "dfinal_S", "dfinal_z", "dq", "dk",
+               "dv", "dlog_g", "dinitial_S", "dinitial_z"],
     UNKNOWN_OP: [],
 }
 # fill codes
@@ -70,7 +73,7 @@ def T(shape, dtype=F32, strides=None, data_null=False, alias=None, device_type=1
 
 def case(op, p=2, chunk_size=0, scale=0.0, normalize=0, layout_kind=0, d_tile=0, args_null=False,
          query_first=True, check_finite=False, **tensors):
-    names = SLOTS[op]
+    names = SLOTS.get(op, [])  # an unknown op has none
     unknown = set(tensors) - set(names)
     assert not unknown, f"op {op} has no tensor arguments {unknown}"
     assert 0 <= p < 2**31 or p == -1
@@ -141,6 +144,16 @@ def step(**over):
                         S=T([b, h, D, e]), z=T([b, h, D], fill=LARGE), o=T([b, hq, e])), over)
 
 
+def backward(**over):
+    """A valid chunked, gated, normalized power_attention_backward with every optional tensor."""
+    return variant(BACKWARD, dict(p=2, chunk_size=c, normalize=1),
+                   dict(q=T([b, t, hq, d]), k=T([b, t, h, d]), v=T([b, t, h, e]), log_g=T([b, t, h], fill=DECAYS),
+                        initial_S=T([b, h, D, e]), initial_z=T([b, h, D], fill=LARGE), o=T([b, t, hq, e]),
+                        dout=T([b, t, hq, e]), dfinal_S=T([b, h, D, e]), dfinal_z=T([b, h, D]), dq=T([b, t, hq, d]),
+                        dk=T([b, t, h, d]), dv=T([b, t, h, e]), dlog_g=T([b, t, h]), dinitial_S=T([b, h, D, e]),
+                        dinitial_z=T([b, h, D])), over)
+
+
 SEEDS = {
     "seed-sympow_expand": case(SYMPOW, p=2, x=T([3, d]), out=T([3, D])),
     "seed-sympow_expand-f16-tiled": case(SYMPOW, p=2, layout_kind=1, d_tile=2, x=T([2, 5, d], dtype=F16),
@@ -160,6 +173,10 @@ SEEDS = {
     "seed-power_attention-strided": attention(
         q=T([b, t, hq, d], strides=[0, 2 * hq * d, 2 * d, 1]), o=T([b, t, hq, e], strides=[0, hq * e, 1, hq])),
     "seed-power_attention_step": step(),
+    "seed-power_attention_backward": backward(),
+    "seed-power_attention_backward-quadratic-bare": backward(chunk_size=0, normalize=0, log_g=None, initial_S=None,
+                                                             initial_z=None, o=None, dfinal_S=None, dfinal_z=None,
+                                                             dlog_g=None, dinitial_S=None, dinitial_z=None),
     "seed-power_attention_step-rank4": step(q=T([b, 1, hq, d]), k=T([b, 1, h, d]), v=T([b, 1, h, e]),
                                             log_g=T([b, 1, h], fill=DECAYS), o=T([b, 1, hq, e])),
 }
@@ -221,8 +238,13 @@ KNOWN = {
     "known-power_attention-k-device-garbage": attention(k=T([b, t, h, d], device_type=0x5EADBEEF)),
     "known-power_attention_step-S-device-negative": step(S=T([b, h, D, e], device_type=-7)),
     "known-unknown-op": case(UNKNOWN_OP),
+    "known-unknown-op-8": case(8),
     "known-unknown-op-null-args": case(UNKNOWN_OP, args_null=True),
     "known-power_attention-args-null": attention(args_null=True),
+    "known-power_attention_backward-dq-overlaps-dk": backward(dk=T([b, t, h, d], alias="dq")),
+    "known-power_attention_backward-dlog_g-without-log_g": backward(log_g=None),
+    "known-power_attention_backward-log_g-neg-inf": backward(log_g=T([b, t, h], fill=DECAYS, special=NEG_INF,
+                                                                      special_index=5)),
     # log_g = -inf: a reset of the state at that token.
     "known-power_attention-log_g-neg-inf": attention(log_g=T([b, t, h], fill=DECAYS, special=NEG_INF,
                                                              special_index=5)),

@@ -104,7 +104,8 @@ typedef enum expanse_op_kind {
   EXPANSE_OP_CHUNK_ATTENTION = 4,
   EXPANSE_OP_POWER_ATTENTION = 5,
   EXPANSE_OP_POWER_ATTENTION_STEP = 6,
-  EXPANSE_OP_COUNT = 7
+  EXPANSE_OP_POWER_ATTENTION_BACKWARD = 7,
+  EXPANSE_OP_COUNT = 8
 } expanse_op_kind;
 
 /* Every operation once, as X(name, NAME): its kind is EXPANSE_OP_<NAME>, its arguments
@@ -117,7 +118,8 @@ typedef enum expanse_op_kind {
   X(query_state, QUERY_STATE)                \
   X(chunk_attention, CHUNK_ATTENTION)        \
   X(power_attention, POWER_ATTENTION)        \
-  X(power_attention_step, POWER_ATTENTION_STEP)
+  X(power_attention_step, POWER_ATTENTION_STEP) \
+  X(power_attention_backward, POWER_ATTENTION_BACKWARD)
 
 /* "power_attention", ...; "unknown" for a code that is no operation. */
 EXPANSE_API const char* expanse_op_name(expanse_op_kind op);
@@ -300,6 +302,36 @@ typedef struct expanse_power_attention_step_args {
   expanse_layout layout;
 } expanse_power_attention_step_args;
 
+/* The gradients of power_attention (docs/spec.md "Gradients"): of the loss
+ * L = sum dout . o + <dfinal_S, final_S> + <dfinal_z, final_z> with respect to every input, for the
+ * forward's inputs and parameters (the same p, scale, normalize and layout; chunk_size only picks the
+ * form, as in the forward). The forward saves nothing for it but its output o, which normalize=1
+ * needs; the states are recomputed. An absent cotangent is zero; an absent gradient output is not
+ * computed. */
+typedef struct expanse_power_attention_backward_args {
+  const expanse_tensor* q;
+  const expanse_tensor* k;
+  const expanse_tensor* v;
+  const expanse_tensor* log_g;
+  const expanse_tensor* initial_S;
+  const expanse_tensor* initial_z;
+  const expanse_tensor* o;        /* the forward's output [b,t,hq,e]; needed when normalize */
+  const expanse_tensor* dout;     /* dL/do [b,t,hq,e] */
+  const expanse_tensor* dfinal_S; /* optional: dL/dfinal_S [b,h,D,e] */
+  const expanse_tensor* dfinal_z; /* optional: dL/dfinal_z [b,h,D] */
+  expanse_tensor* dq;             /* [b,t,hq,d], q's dtype */
+  expanse_tensor* dk;             /* [b,t,h,d] */
+  expanse_tensor* dv;             /* [b,t,h,e] */
+  expanse_tensor* dlog_g;         /* optional (needs log_g): [b,t,h], f32 */
+  expanse_tensor* dinitial_S;     /* optional (needs initial_S) */
+  expanse_tensor* dinitial_z;     /* optional (needs initial_z) */
+  int32_t p;
+  double scale;
+  int64_t chunk_size;
+  int32_t normalize;
+  expanse_layout layout;
+} expanse_power_attention_backward_args;
+
 EXPANSE_API void expanse_sympow_expand_args_init(expanse_sympow_expand_args* a);
 EXPANSE_API void expanse_update_state_args_init(expanse_update_state_args* a);
 EXPANSE_API void expanse_discumsum_args_init(expanse_discumsum_args* a);
@@ -307,6 +339,7 @@ EXPANSE_API void expanse_query_state_args_init(expanse_query_state_args* a);
 EXPANSE_API void expanse_chunk_attention_args_init(expanse_chunk_attention_args* a);
 EXPANSE_API void expanse_power_attention_args_init(expanse_power_attention_args* a);
 EXPANSE_API void expanse_power_attention_step_args_init(expanse_power_attention_step_args* a);
+EXPANSE_API void expanse_power_attention_backward_args_init(expanse_power_attention_backward_args* a);
 
 /* ---------------------------------------------------------------- backends and devices */
 
@@ -395,6 +428,8 @@ EXPANSE_API expanse_status expanse_chunk_attention(expanse_context* ctx, const e
 EXPANSE_API expanse_status expanse_power_attention(expanse_context* ctx, const expanse_power_attention_args* a);
 EXPANSE_API expanse_status expanse_power_attention_step(expanse_context* ctx,
                                                         const expanse_power_attention_step_args* a);
+EXPANSE_API expanse_status expanse_power_attention_backward(expanse_context* ctx,
+                                                            const expanse_power_attention_backward_args* a);
 
 /* Memory on the context's device, for callers without a framework (the CLI, tests, C users). */
 typedef enum expanse_copy_kind {

@@ -1,0 +1,192 @@
+// power_attention_backward (docs/spec.md "Gradients"): the gradients of
+//   L = sum_i dout_i . o_i + <dfinal_S, S_t> + <dfinal_z, z_t>
+// with respect to q, k, v, log_g and the initial state, by the chunked form of the forward
+// (power_attention.cpp) run backwards, per (batch, kv head):
+//  * a forward sweep over the chunks recomputes the states S_m, z_m entering each chunk;
+//  * each query token's cotangents of its numerator and denominator: normalized,
+//    dnum_i = dout_i / den_i and dden_i = -(dout_i . o_i) / den_i (den_i recomputed, both 0 where
+//    den_i = 0); unnormalized, dnum_i = dout_i and dden_i = 0;
+//  * a reverse sweep carries dY, dZ: the cotangents of the state entering the next chunk. In chunk m
+//      dq_i += scale J^T(scale q_i) [exp(Gc_i) (S_m dnum_i + z_m dden_i)]
+//      dk_j += J^T(k_j) [exp(A_m - Gc_j) (dY v_j + dZ)],   dv_j += exp(A_m - Gc_j) dY^T phi(k_j)
+//    plus the causal pairs inside the chunk, then
+//      dY <- exp(A_m) dY + sum_i exp(Gc_i) phi(scale q_i) dnum_i^T   (dZ likewise with dden_i),
+//    so that dY after chunk 0 is the initial state's gradient;
+//  * dlog_g_l = sum_{i >= l} dG_i within l's segment (0 at a reset): the decay of a pair j < l <= i
+//    holds log_g_l, and dG_i = (what query i's pairs give) - (what key i's pairs give), plus
+//    <dfinal_S, S_t> + <dfinal_z, z_t> at the last token, so the pairs with both ends at or after l
+//    cancel in the sum.
+// The quadratic form is the same code with one chunk; query rows are taken in blocks so that the
+// score matrix stays small.
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "reference/common.hpp"
+#include "reference/ops.hpp"
+#include "reference/sympow.hpp"
+
+namespace expanse_ref {
+namespace {
+
+// The causal pairs of query rows i0 .. i0 + rows - 1 of a chunk with its keys j <= i:
+// dots(r, j) = scale q_i . k_j and decay(r, j) = exp(Gc_i - Gc_j) (0 for j > i).
+struct causal_block {
+  RowMatrix dots, decay;
+  causal_block(const Eigen::Ref<const RowMatrix>& Qs, const RowMatrix& K, const PrefixSum& Gc, int64_t i0)
+      : dots(Qs * K.topRows(i0 + Qs.rows()).transpose()), decay(RowMatrix::Zero(dots.rows(), dots.cols())) {
+    for (int64_t r = 0; r < dots.rows(); ++r)
+      for (int64_t j = 0; j <= i0 + r; ++j) decay(r, j) = std::exp(Gc.diff(i0 + r, j));
+  }
+  int64_t keys() const { return dots.cols(); }
+  // A_ij = (scale q_i . k_j)^p exp(Gc_i - Gc_j).
+  double score(int64_t r, int64_t j, int p) const { return decay(r, j) == 0.0 ? 0.0 : ipow(dots(r, j), p) * decay(r, j); }
+};
+
+// The cotangents of one query head's numerators and denominators in one chunk (see the top).
+struct query_cotangents {
+  RowMatrix dnum;  // [len x e]
+  Vector dden;     // [len]
+};
+
+query_cotangents cotangents(const expanse_problem& pb, const expanse_power_attention_backward_args& a,
+                            int64_t bi, int64_t qh, const ChunkRange& ch, const RowMatrix& Qs, const RowMatrix& phiQ,
+                            const RowMatrix& K, const PrefixSum& Gc, const Vector& decay, const Vector& z) {
+  query_cotangents c{gather_tokens(*a.dout, bi, qh, ch.first, ch.len), Vector::Zero(ch.len)};
+  if (!pb.normalize) return c;
+  Vector den = decay.cwiseProduct(phiQ * z);  // the state's part, then the causal pairs'
+  for (int64_t i0 = 0; i0 < ch.len; i0 += kRowBlock) {
+    const int64_t rows = std::min(kRowBlock, ch.len - i0);
+    const causal_block blk(Qs.middleRows(i0, rows), K, Gc, i0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j <= i0 + r; ++j) den(i0 + r) += blk.score(r, j, pb.p);
+  }
+  const RowMatrix O = gather_tokens(*a.o, bi, qh, ch.first, ch.len);
+  for (int64_t i = 0; i < ch.len; ++i) {
+    if (den(i) == 0.0) {  // o_i = 0 there, whatever the inputs: no gradient flows
+      c.dnum.row(i).setZero();
+      continue;
+    }
+    c.dden(i) = -c.dnum.row(i).dot(O.row(i)) / den(i);
+    c.dnum.row(i) /= den(i);
+  }
+  return c;
+}
+
+}  // namespace
+
+void power_attention_backward(const expanse_problem& pb, const expanse_power_attention_backward_args& a) {
+  const FeatureMap phi(pb.p, pb.d, pb.layout);
+  if (phi.D() != pb.D) throw std::logic_error("reference: power_attention_backward D mismatch");
+  const int64_t group = pb.hq / pb.h, c = chunk_size_of(pb);
+
+  parallel_for_index(pb.b * pb.h, [&](int64_t task) {
+    const int64_t kv = task % pb.h, bi = task / pb.h;
+
+    // Forward sweep: S[m], z[m] enter chunk m; S[n], z[n] is the final state.
+    std::vector<RowMatrix> S(size_t(pb.n + 1));
+    std::vector<Vector> z(size_t(pb.n + 1));
+    S[0] = a.initial_S ? gather_state(*a.initial_S, {bi, kv}) : RowMatrix::Zero(pb.D, pb.e);
+    z[0] = a.initial_z ? gather_state_vector(*a.initial_z, {bi, kv}) : Vector::Zero(pb.D);
+    for (int64_t m = 0; m < pb.n; ++m) {
+      const ChunkRange ch = chunk_range(m, c, pb.t);
+      const PrefixSum Gc(gather_log_g(a.log_g, bi, kv, ch.first, ch.len));
+      const RowMatrix phiK = phi.expand_rows(gather_tokens(*a.k, bi, kv, ch.first, ch.len));
+      Vector w(ch.len);  // exp(A_m - Gc_j)
+      for (int64_t j = 0; j < ch.len; ++j) w(j) = std::exp(Gc.to_end(j));
+      const double chunk_decay = std::exp(Gc.total());
+      S[size_t(m + 1)] = chunk_decay * S[size_t(m)] + phiK.transpose() * (w.asDiagonal() * gather_tokens(*a.v, bi, kv, ch.first, ch.len));
+      z[size_t(m + 1)] = chunk_decay * z[size_t(m)] + phiK.transpose() * w;
+    }
+
+    // Reverse sweep.
+    RowMatrix dY = a.dfinal_S ? gather_state(*a.dfinal_S, {bi, kv}) : RowMatrix::Zero(pb.D, pb.e);
+    Vector dZ = a.dfinal_z ? gather_state_vector(*a.dfinal_z, {bi, kv}) : Vector::Zero(pb.D);
+    Vector dG = Vector::Zero(pb.t);  // dL/dG_i, G the inclusive cumsum of log_g
+    if (pb.t > 0) dG(pb.t - 1) = (dY.cwiseProduct(S[size_t(pb.n)])).sum() + dZ.dot(z[size_t(pb.n)]);
+    for (int64_t m = pb.n - 1; m >= 0; --m) {
+      const ChunkRange ch = chunk_range(m, c, pb.t);
+      const PrefixSum Gc(gather_log_g(a.log_g, bi, kv, ch.first, ch.len));
+      const RowMatrix K = gather_tokens(*a.k, bi, kv, ch.first, ch.len);
+      const RowMatrix V = gather_tokens(*a.v, bi, kv, ch.first, ch.len);
+      const RowMatrix phiK = phi.expand_rows(K);
+      Vector decay(ch.len), w(ch.len);  // exp(Gc_i), exp(A_m - Gc_j)
+      for (int64_t i = 0; i < ch.len; ++i) decay(i) = std::exp(Gc.at(i)), w(i) = std::exp(Gc.to_end(i));
+      const RowMatrix& Sm = S[size_t(m)];
+      const Vector& zm = z[size_t(m)];
+
+      RowMatrix dK = RowMatrix::Zero(ch.len, pb.d), dV = RowMatrix::Zero(ch.len, pb.e);
+      RowMatrix dYq = RowMatrix::Zero(pb.D, pb.e);  // sum_i exp(Gc_i) phi(scale q_i) dnum_i^T, all query heads
+      Vector dZq = Vector::Zero(pb.D);
+      Vector dGc = Vector::Zero(ch.len);  // this chunk's dG
+
+      for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh) {
+        const RowMatrix Qs = pb.scale * gather_tokens(*a.q, bi, qh, ch.first, ch.len);
+        const RowMatrix phiQ = phi.expand_rows(Qs);
+        const query_cotangents ct = cotangents(pb, a, bi, qh, ch, Qs, phiQ, K, Gc, decay, zm);
+
+        // The state entering the chunk: dphi(scale q_i) = exp(Gc_i) (S_m dnum_i + z_m dden_i).
+        const RowMatrix dPhiQ = decay.asDiagonal() * (ct.dnum * Sm.transpose() + ct.dden * zm.transpose());
+        dGc += phiQ.cwiseProduct(dPhiQ).rowwise().sum();
+        RowMatrix dQ = pb.scale * phi.pullback_rows(Qs, dPhiQ);
+
+        // The causal pairs: A_ij = dot_ij^p exp(Gc_i - Gc_j) meets M_ij = dnum_i . v_j + dden_i.
+        for (int64_t i0 = 0; i0 < ch.len; i0 += kRowBlock) {
+          const int64_t rows = std::min(kRowBlock, ch.len - i0);
+          const causal_block blk(Qs.middleRows(i0, rows), K, Gc, i0);
+          const int64_t keys = blk.keys();
+          const RowMatrix M = ct.dnum.middleRows(i0, rows) * V.topRows(keys).transpose();
+          RowMatrix A = RowMatrix::Zero(rows, keys), B = RowMatrix::Zero(rows, keys);  // B = dL/d dot_ij
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j <= i0 + r; ++j) {
+              if (blk.decay(r, j) == 0.0) continue;
+              const double m_ij = M(r, j) + ct.dden(i0 + r);
+              A(r, j) = blk.score(r, j, pb.p);
+              B(r, j) = pb.p * ipow(blk.dots(r, j), pb.p - 1) * blk.decay(r, j) * m_ij;
+              dGc(i0 + r) += A(r, j) * m_ij;
+              dGc(j) -= A(r, j) * m_ij;
+            }
+          dQ.middleRows(i0, rows) += pb.scale * (B * K.topRows(keys));
+          dK.topRows(keys) += B.transpose() * Qs.middleRows(i0, rows);
+          dV.topRows(keys) += A.transpose() * ct.dnum.middleRows(i0, rows);
+        }
+        scatter_tokens(*a.dq, bi, qh, ch.first, dQ);
+        dYq += phiQ.transpose() * (decay.asDiagonal() * ct.dnum);
+        dZq += phiQ.transpose() * decay.cwiseProduct(ct.dden);
+      }
+
+      // The state leaving the chunk: dphi(k_j) = exp(A_m - Gc_j) (dY v_j + dZ).
+      const RowMatrix dPhiK = w.asDiagonal() * ((V * dY.transpose()).rowwise() + dZ.transpose());
+      dGc -= phiK.cwiseProduct(dPhiK).rowwise().sum();
+      dK += phi.pullback_rows(K, dPhiK);
+      dV += w.asDiagonal() * (phiK * dY);
+      scatter_tokens(*a.dk, bi, kv, ch.first, dK);
+      scatter_tokens(*a.dv, bi, kv, ch.first, dV);
+      dG.segment(ch.first, ch.len) += dGc;
+
+      const double chunk_decay = std::exp(Gc.total());
+      dY = chunk_decay * dY + dYq;
+      dZ = chunk_decay * dZ + dZq;
+    }
+    if (a.dinitial_S) scatter_state(*a.dinitial_S, {bi, kv}, dY);
+    if (a.dinitial_z) scatter_state_vector(*a.dinitial_z, {bi, kv}, dZ);
+
+    if (a.dlog_g) {  // the reverse cumsum of dG within each segment between resets
+      const Vector log_g = gather_log_g(a.log_g, bi, kv, 0, pb.t);
+      Vector dlog_g(pb.t);
+      double sum = 0.0;
+      for (int64_t l = pb.t - 1; l >= 0; --l) {
+        if (log_g(l) == -std::numeric_limits<double>::infinity()) {
+          dlog_g(l) = sum = 0.0;  // a reset: the decays across it are 0 for any nearby log_g
+        } else {
+          sum += dG(l);
+          dlog_g(l) = sum;
+        }
+      }
+      scatter_token_scalars(*a.dlog_g, bi, kv, 0, dlog_g);
+    }
+  });
+}
+
+}  // namespace expanse_ref
