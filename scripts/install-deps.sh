@@ -4,6 +4,7 @@
 set -euo pipefail
 packages=(cmake ninja-build g++ ccache libtbb-dev libeigen3-dev doctest-dev python3 python3-pip
           python3-dev python3-venv  # these two: the Python package (python_bindings/) builds against them
+          libcli11-dev nlohmann-json3-dev  # the expanse command: options and help (CLI11), JSON output
           clang                     # libFuzzer and its sanitizer runtimes: the fuzz stage of scripts/test.sh
           hipcc libamdhip64-dev)    # the HIP backend (built and its no-device path tested; no AMD GPU here)
 missing=()

@@ -4,6 +4,7 @@ inputs that are no regular files, the opt-in finite check, the dtypes of states,
 prints on stderr and `info` says about the default backend.
 
 Usage: cli_run_test.py PATH/TO/expanse. Fresh random inputs each run (the seed is printed)."""
+import json
 import math
 import os
 import pty
@@ -240,6 +241,34 @@ with tempfile.TemporaryDirectory() as plugin_dir:
     p = call([EXE, "info"], env)
     expect("info lists the FIFO plugin as not a regular file",
            p.returncode == 0 and "fifo: not available: not a regular file" in p.stdout, p.stdout[-300:])
+
+# ---- the command line: help, exit statuses, errors that name the option, bench's JSON lines
+for args, status, stream, text in [
+        ([], 2, "stderr", "usage: expanse COMMAND"),
+        (["--help"], 0, "stdout", "usage: expanse COMMAND"),
+        (["--version"], 0, "stdout", "expanse "),
+        (["nosuch"], 2, "stderr", "unknown command 'nosuch'"),
+        (["help", "check"], 0, "stdout", "--chunk_size,--chunk"),
+        (["run", "--help"], 0, "stdout", "power_attention"),
+        (["run", "power_attention", "--help"], 0, "stdout", "--chunk_size,--chunk auto|C"),
+        (["run", "nosuch"], 2, "stderr", "unknown operation 'nosuch'"),
+        (["run", "power_attention", "--nosuch"], 2, "stderr", "--nosuch"),
+        (["run", "power_attention", "--p", "2", "--p", "3"], 2, "stderr", "--p"),
+        (["check", "power_attention", "--chunk_size", "abc"], 2, "stderr", "--chunk_size"),
+        (["check", "power_attention", "--t", "-1"], 2, "stderr", "--t"),
+        (["bench", "power_attention", "--ts", "8,0"], 2, "stderr", "--ts")]:
+    p = call([EXE, *args])
+    out = p.stdout if stream == "stdout" else p.stderr
+    expect(f"expanse {' '.join(args)}: exit {status}, '{text}' on {stream}", p.returncode == status and text in out,
+           f"exit {p.returncode}, stdout {p.stdout[:200]!r}, stderr {p.stderr[:200]!r}")
+p = call([EXE, "bench", "power_attention", "--backend", "reference", "--ts", "8,16", "--d", "4", "--e", "4",
+          "--warmup", "0", "--reps", "1"])
+lines = [json.loads(line) for line in p.stdout.splitlines()] if p.returncode == 0 else []
+expect("bench prints one JSON object per length with the keys bench/scripts read",
+       [r["t"] for r in lines] == [8, 16] and all(r["op"] == "power_attention" and r["chunk_auto"] == 1 and
+                                                  r["median_ms"] > 0 and r["flop"] > 0 and "tflops" in r and
+                                                  r["config"].startswith("power_attention --b 1") for r in lines),
+       p.stdout + p.stderr)
 
 # ---- info says when the default backend cannot be used
 p = call([EXE, "info"], {"EXPANSE_BACKEND": "nosuch"})

@@ -1,4 +1,4 @@
-// Option parsing and value parsers shared by the `expanse` subcommands (see cli_options.hpp).
+// Errors, help layout, value parsers and progress shared by the `expanse` subcommands (cli_options.hpp).
 #include "cli_options.hpp"
 
 #include <algorithm>
@@ -26,141 +26,51 @@ void check_status(expanse_status st, const char* what) {
   throw LibraryError(st, text);
 }
 
-// ---------------------------------------------------------------- ArgParser
+// ---------------------------------------------------------------- help
 
-ArgParser::ArgParser(std::string command, std::vector<OptionSpec> options)
-    : command_(std::move(command)), specs_(std::move(options)) {}
-
-const OptionSpec* ArgParser::find(const std::string& name) const {
-  for (const auto& s : specs_)
-    if (s.name == name) return &s;
-  return nullptr;
+std::string HelpFormatter::make_help(const CLI::App* app, std::string name, CLI::AppFormatMode mode) const {
+  if (mode == CLI::AppFormatMode::Sub) return make_expanded(app);
+  std::string help = make_usage(app, name) + "\n" + make_description(app) + make_positionals(app) +
+                     make_groups(app, mode) + make_subcommands(app, mode) + "\n" + make_footer(app);
+  for (size_t at; (at = help.find("\n\n\n")) != std::string::npos;) help.erase(at, 1);  // one blank line
+  return help;
 }
 
-void ArgParser::assert_known(const std::string& name) const {
-  // A programming error in a command (asking for an option it never declared): report it loudly
-  // rather than silently returning the default.
-  if (find(name) == nullptr)
-    throw std::logic_error("expanse " + command_ + ": option --" + name + " is not declared");
+std::string HelpFormatter::make_subcommand(const CLI::App* sub) const {
+  std::ostringstream out;
+  CLI::detail::format_help(out, sub->get_name(), sub->get_description(), get_column_width());
+  return out.str();
 }
 
-void ArgParser::parse(int argc, char** argv) {
-  bool only_positional = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = (argv[i] != nullptr) ? argv[i] : "";
-    if (only_positional || arg.empty() || arg[0] != '-' || arg == "-") {
-      positional_.push_back(arg);
-      continue;
-    }
-    if (arg == "--") {
-      only_positional = true;
-      continue;
-    }
-    if (arg == "-h" || arg == "--help") {
-      help_ = true;
-      continue;
-    }
-    if (arg.size() < 3 || arg[1] != '-') {
-      throw UsageError("expanse " + command_ + ": unknown option '" + arg +
-                       "' (options are spelled --name)");
-    }
-    std::string name = arg.substr(2);
-    std::optional<std::string> inline_value;
-    const size_t eq = name.find('=');
-    if (eq != std::string::npos) {
-      inline_value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    const OptionSpec* spec = find(name);
-    if (spec == nullptr) {
-      std::string known;
-      for (const auto& s : specs_) known += (known.empty() ? "--" : ", --") + s.name;
-      throw UsageError("expanse " + command_ + ": unknown option --" + name +
-                       (known.empty() ? std::string(" (this command takes no options)")
-                                      : " (known options: " + known + ", --help)"));
-    }
-    if (has(name)) throw UsageError("expanse " + command_ + ": option --" + name + " given twice");
-    if (!spec->takes_value) {
-      if (inline_value)
-        throw UsageError("expanse " + command_ + ": option --" + name + " is a flag and takes no value");
-      given_.emplace_back(name, std::nullopt);
-      continue;
-    }
-    if (!inline_value) {
-      if (i + 1 >= argc || argv[i + 1] == nullptr)
-        throw UsageError("expanse " + command_ + ": option --" + name + " needs a value (" +
-                         spec->value_name + ")");
-      inline_value = std::string(argv[++i]);
-    }
-    given_.emplace_back(name, inline_value);
-  }
+std::string HelpFormatter::make_usage(const CLI::App* app, std::string name) const {
+  const auto it = usage.find(app);
+  if (it == usage.end()) return CLI::Formatter::make_usage(app, name);
+  return "usage: " + name + (it->second.empty() ? "" : " " + it->second) + "\n";
 }
 
-bool ArgParser::has(const std::string& name) const {
-  for (const auto& g : given_)
-    if (g.first == name) return true;
-  return false;
+void set_usage(CLI::App* cmd, std::string text) {
+  auto* formatter = dynamic_cast<HelpFormatter*>(cmd->get_formatter().get());
+  if (formatter == nullptr) throw std::logic_error("set_usage: " + cmd->get_name() + " has no HelpFormatter");
+  formatter->usage[cmd] = std::move(text);
 }
 
-std::optional<std::string> ArgParser::value(const std::string& name) const {
-  assert_known(name);
-  for (const auto& g : given_)
-    if (g.first == name) return g.second;
-  return std::nullopt;
+// ---------------------------------------------------------------- value checks and parsers
+
+CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& text) {
+        double v = 0;
+        return CLI::detail::lexical_cast(text, v) && std::isfinite(v) ? std::string()
+                                                                      : "Value " + text + " is not a finite number";
+      },
+      "", "finite");
 }
 
-bool ArgParser::get_flag(const std::string& name) const {
-  assert_known(name);
-  return has(name);
-}
+namespace {
 
-std::vector<std::string> ArgParser::given() const {
-  std::vector<std::string> names;
-  for (const auto& g : given_) names.push_back(g.first);
-  return names;
-}
-
-std::string ArgParser::get_string(const std::string& name, const std::string& def) const {
-  auto v = value(name);
-  return v ? *v : def;
-}
-
-int64_t ArgParser::get_int(const std::string& name, int64_t def, int64_t lo, int64_t hi) const {
-  auto v = value(name);
-  return v ? parse_int(*v, "--" + name, lo, hi) : def;
-}
-
-double ArgParser::get_double(const std::string& name, double def) const {
-  auto v = value(name);
-  return v ? parse_double(*v, "--" + name) : def;
-}
-
-std::string ArgParser::options_help() const {
-  std::vector<std::pair<std::string, std::string>> rows;
-  for (const auto& s : specs_)
-    rows.emplace_back("--" + s.name + (s.takes_value ? " " + s.value_name : std::string()), s.help);
-  rows.emplace_back("-h, --help", "show this help");
-  size_t width = 0;
-  for (const auto& r : rows) width = std::max(width, r.first.size());
-  std::string out;
-  const std::string indent(width + 4, ' ');  // continuation lines of a help text line up
-  for (const auto& r : rows) {
-    std::string help = r.second;
-    for (size_t at = help.find('\n'); at != std::string::npos; at = help.find('\n', at + 1))
-      help.insert(at + 1, indent);
-    out += "  " + r.first + std::string(width - r.first.size() + 2, ' ') + help + "\n";
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------- value parsers
-
+// Decimal integer (optional sign, no trailing garbage) in [lo, hi], hi a type's limit.
 int64_t parse_int(const std::string& text, const std::string& what, int64_t lo, int64_t hi) {
-  const std::string range = (lo == INT64_MIN && hi == INT64_MAX)
-                                ? std::string("an integer")
-                                : ((hi == INT64_MAX || hi == INT32_MAX) ? "an integer >= " + std::to_string(lo)
-                                                   : "an integer in [" + std::to_string(lo) + ", " +
-                                                         std::to_string(hi) + "]");
+  const std::string range = "an integer >= " + std::to_string(lo);
   const char* s = text.c_str();
   char* end = nullptr;
   errno = 0;
@@ -173,21 +83,15 @@ int64_t parse_int(const std::string& text, const std::string& what, int64_t lo, 
   return static_cast<int64_t>(v);
 }
 
-double parse_double(const std::string& text, const std::string& what) {
-  const char* s = text.c_str();
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s, &end);
-  const bool bad = text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || end == s ||
-                   *end != '\0';
-  if (bad) throw UsageError("invalid value '" + text + "' for " + what + ": expected a number");
-  if (!std::isfinite(v) || errno == ERANGE)
-    throw UsageError("value " + text + " for " + what + " is out of range: expected a finite number");
-  return v;
+std::string lower(std::string s) {
+  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
 }
 
+}  // namespace
+
 int64_t parse_chunk(const std::string& text, const std::string& what, bool allow_auto) {
-  if (text == "auto") {
+  if (text == "auto" || (allow_auto && text == "-1")) {
     if (!allow_auto)
       throw UsageError("invalid value 'auto' for " + what + ": only power_attention chooses its own chunk size; "
                        "give a number");
@@ -197,22 +101,6 @@ int64_t parse_chunk(const std::string& text, const std::string& what, bool allow
     throw UsageError("invalid value '" + text + "' for " + what + ": expected auto, 0 (the quadratic form) or a "
                      "chunk size >= 1");
   return parse_int(text, what, 0, INT64_MAX);
-}
-
-std::string chunk_to_string(int64_t chunk) {
-  return chunk == EXPANSE_CHUNK_AUTO ? std::string("auto") : std::to_string(chunk);
-}
-
-static std::string lower(std::string s) {
-  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return s;
-}
-
-bool parse_bool(const std::string& text, const std::string& what) {
-  const std::string t = lower(text);
-  if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
-  if (t == "0" || t == "false" || t == "no" || t == "off") return false;
-  throw UsageError("invalid value '" + text + "' for " + what + ": expected 0 or 1");
 }
 
 expanse_layout parse_layout(const std::string& text, const std::string& what) {
@@ -244,15 +132,6 @@ expanse_layout parse_layout(const std::string& text, const std::string& what) {
   }
   throw UsageError("invalid layout '" + text + "' for " + what +
                    ": expected sympow, tensor or tiled:N (e.g. tiled:8)");
-}
-
-std::string layout_to_string(expanse_layout layout) {
-  switch (layout.kind) {
-    case EXPANSE_LAYOUT_SYMPOW: return "sympow";
-    case EXPANSE_LAYOUT_TENSOR: return "tensor";
-    case EXPANSE_LAYOUT_TILED: return "tiled:" + std::to_string(layout.d_tile);
-    default: return "layout(" + std::to_string(layout.kind) + ")";
-  }
 }
 
 expanse_dtype parse_dtype(const std::string& text, const std::string& what) {

@@ -1,33 +1,23 @@
-// Small helpers shared by the `expanse` subcommands: error types, a command-line option parser and
-// parsers for the values the commands take (integers, numbers, layouts, dtypes, op names).
-//
-// Typical use in a command:
-//
-//   using namespace expanse_cli;
-//   ArgParser args("run", {
-//       {"backend", true, "NAME", "backend to use (default: expanse_default_backend())"},
-//       {"p", true, "P", "degree of the power (default 2)"},
-//       {"final-state", false, "", "also write the final state"},
-//   });
-//   args.parse(argc, argv);                       // throws UsageError naming the bad option
-//   if (args.help_requested()) { print_help(args.options_help()); return 0; }
-//   int p = (int)args.get_int("p", 2, 1, 64);     // "--p 2", "--p=2"
-//   expanse_layout L = parse_layout(args.get_string("layout", "sympow"), "--layout");
+// What the `expanse` subcommands share besides CLI11 (option parsing, help) and npy.hpp: error
+// types, the help layout, parsers for option values CLI11 does not know (chunk sizes, layouts,
+// dtypes, operation names) and a progress line.
 #ifndef EXPANSE_CLI_OPTIONS_HPP
 #define EXPANSE_CLI_OPTIONS_HPP
 
 #include <cstdint>
-#include <optional>
+#include <map>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "expanse/expanse.h"
 
 namespace expanse_cli {
 
-// A wrong command line. main() prints "expanse: error: <what>" and exits with status 2.
+// A wrong command line found after parsing. main() prints "expanse: error: <what>" and exits with
+// status 2, as for CLI11's own parse errors.
 class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -36,8 +26,7 @@ class UsageError : public std::runtime_error {
 // A library call that did not return EXPANSE_OK; what() is the library's error text. Exit status 1.
 class LibraryError : public std::runtime_error {
  public:
-  LibraryError(expanse_status status, const std::string& text)
-      : std::runtime_error(text), status_(status) {}
+  LibraryError(expanse_status status, const std::string& text) : std::runtime_error(text), status_(status) {}
   expanse_status status() const { return status_; }
 
  private:
@@ -48,77 +37,34 @@ class LibraryError : public std::runtime_error {
 // "<what> failed: <status name>".
 void check_status(expanse_status st, const char* what);
 
-// ---------------------------------------------------------------- option parser
-
-struct OptionSpec {
-  std::string name;        // without the leading "--", e.g. "backend"
-  bool takes_value;        // true: "--name value" / "--name=value"; false: a flag "--name"
-  std::string value_name;  // shown in help, e.g. "NAME" (ignored for flags)
-  std::string help;        // one line
-};
-
-// Parses `--name value`, `--name=value` and flags `--name`. `-h` / `--help` set help_requested().
-// Arguments not starting with "-" (and everything after a bare "--") are positional. An option given
-// twice, an unknown option, a missing value or a value given to a flag is a UsageError naming the
-// option and the command.
-class ArgParser {
+// CLI11's help, with the usage line first and, for a command given one by set_usage, that line.
+class HelpFormatter : public CLI::Formatter {
  public:
-  ArgParser(std::string command, std::vector<OptionSpec> options);
-
-  // argv[0] is the subcommand name and is skipped.
-  void parse(int argc, char** argv);
-
-  bool help_requested() const { return help_; }
-  bool has(const std::string& name) const;  // given on the command line (flag or value)
-  std::optional<std::string> value(const std::string& name) const;
-  const std::vector<std::string>& positional() const { return positional_; }
-  // Names of the options given, in command-line order.
-  std::vector<std::string> given() const;
-
-  std::string get_string(const std::string& name, const std::string& def) const;
-  bool get_flag(const std::string& name) const;
-  // Integer in [lo, hi]; errors name "--<name>".
-  int64_t get_int(const std::string& name, int64_t def, int64_t lo = INT64_MIN,
-                  int64_t hi = INT64_MAX) const;
-  // A finite number; errors name "--<name>".
-  double get_double(const std::string& name, double def) const;
-
-  // Aligned "  --name VALUE   help" lines for the options (plus --help), for a command's help text.
-  std::string options_help() const;
-  const std::string& command() const { return command_; }
-
- private:
-  const OptionSpec* find(const std::string& name) const;
-  void assert_known(const std::string& name) const;
-
-  std::string command_;
-  std::vector<OptionSpec> specs_;
-  std::vector<std::pair<std::string, std::optional<std::string>>> given_;
-  std::vector<std::string> positional_;
-  bool help_ = false;
+  std::string make_help(const CLI::App* app, std::string name, CLI::AppFormatMode mode) const override;
+  std::string make_usage(const CLI::App* app, std::string name) const override;
+  std::string make_subcommand(const CLI::App* sub) const override;  // its name without aliases
+  std::map<const CLI::App*, std::string> usage;  // what follows the command's name
 };
+// The usage line of cmd's help: "usage: expanse run " + text. cmd's formatter is a HelpFormatter.
+void set_usage(CLI::App* cmd, std::string text);
 
-// ---------------------------------------------------------------- value parsers
-// `what` names the option or thing being parsed in the error text, e.g. "--p".
+// ---------------------------------------------------------------- value checks and parsers
 
-// Decimal integer (optional sign, no trailing garbage) in [lo, hi].
-int64_t parse_int(const std::string& text, const std::string& what, int64_t lo = INT64_MIN,
-                  int64_t hi = INT64_MAX);
-// A finite floating-point number.
-double parse_double(const std::string& text, const std::string& what);
-// "0"/"1", "false"/"true", "no"/"yes", "off"/"on".
-bool parse_bool(const std::string& text, const std::string& what);
+// CLI11 checks that leave the help's value column alone: a number in [lo, hi]; a finite number.
+template <class T>
+CLI::Validator in_range(T lo, T hi) {
+  return CLI::Range(lo, hi).description("");
+}
+CLI::Validator finite_number();
 
-// A chunk size: "auto" (EXPANSE_CHUNK_AUTO: the library picks the form and the chunk size, for
-// power_attention) when `allow_auto`, else an integer >= 0 (0: the quadratic form / one chunk).
+// `what` names the option in the error text (a UsageError), e.g. "--layout".
+
+// A chunk size: when `allow_auto`, "auto" or -1 (EXPANSE_CHUNK_AUTO: the library picks the form and
+// the chunk size, for power_attention); else an integer >= 0 (0: the quadratic form / one chunk).
 int64_t parse_chunk(const std::string& text, const std::string& what, bool allow_auto);
-// The spelling parse_chunk reads: "auto" or the number.
-std::string chunk_to_string(int64_t chunk);
 
 // "sympow", "tensor", "tiled:8" (also "tiled(8)", "tiled=8"): tiled with d_tile 8.
 expanse_layout parse_layout(const std::string& text, const std::string& what);
-// The spelling parse_layout reads: "sympow", "tensor", "tiled:8".
-std::string layout_to_string(expanse_layout layout);
 
 // "f16", "bf16", "f32", "f64" (also "float16", "bfloat16", "float32", "float64", "half", "float",
 // "double").

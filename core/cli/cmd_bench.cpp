@@ -1,11 +1,14 @@
 // `expanse bench`: time an operation over a grid of sequence lengths, one JSON object per line.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <cstdio>
-#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "case_options.hpp"
 #include "cases.hpp"
@@ -16,10 +19,7 @@ namespace h = expanse::harness;
 
 namespace {
 
-const char kUsage[] =
-    "usage: expanse bench OP [--backend NAME] [--device N] [--ts T1,T2,...] [--warmup N] [--reps N]\n"
-    "                        [case options]\n"
-    "\n"
+const char kAbout[] =
     "Times OP on random inputs (never zeros) after warm-up runs and prints one JSON object per line:\n"
     "the configuration, backend, device, median/min time in ms over --reps runs, and the achieved\n"
     "TFLOP/s by the FLOP count of docs/performance.md (update_state 2De per token and kv head, query_state\n"
@@ -32,13 +32,11 @@ const char kUsage[] =
     "chunk 128; power_attention's chunk is auto (the library's choice, run untimed once to read it;\n"
     "the JSON gives the chunk size that ran and chunk_auto 1).\n";
 
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) out += c;
-  }
-  return out;
+// x to 6 significant digits: timings and rates, without the noise of float-to-double conversion.
+double significant6(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", x);
+  return std::strtod(text, nullptr);
 }
 
 // Forward FLOPs by docs/performance.md's model (the chunked algorithm; quadratic for c = 0).
@@ -99,49 +97,32 @@ int64_t resolved_chunk(expanse::context& ctx, h::prepared_run& run, const h::op_
   return chunk;
 }
 
-}  // namespace
+struct BenchOptions {
+  std::string op;
+  std::string backend;  // empty: expanse_default_backend()
+  int32_t device = 0;
+  std::vector<int64_t> ts;
+  int warmup = 3, reps = 10;
+  int64_t seed = 1;
+  bool check_finite = false;
+};
 
-int cmd_bench(int argc, char** argv) {
-  std::vector<OptionSpec> specs = {
-      {"backend", true, "NAME", "backend to time (default: $EXPANSE_BACKEND or reference)"},
-      {"device", true, "N", "device index (default 0)"},
-      {"ts", true, "T1,T2,..", "sequence lengths to time (default: --t)"},
-      {"warmup", true, "N", "untimed runs first (default 3)"},
-      {"reps", true, "N", "timed runs (default 10)"},
-      {"seed", true, "S", "random seed (default 1)"},
-      {"check-finite", false, "", "let the library scan every input for NaN and infinity (timed with it)"},
-  };
-  for (const OptionSpec& s : case_option_specs()) specs.push_back(s);
-  ArgParser args("bench", specs);
-  args.parse(argc, argv);
-  if (args.help_requested()) {
-    std::printf("%s\noptions:\n%s", kUsage, args.options_help().c_str());
-    return 0;
-  }
-  if (args.positional().size() != 1) throw UsageError("bench: give exactly one operation name (see --help)");
-  const expanse_op_kind op = parse_op(args.positional()[0], "operation");
-
+int bench(const BenchOptions& o, const CaseOptions& case_options) {
+  if (o.op.empty()) throw UsageError("expanse bench needs an operation: one of " + op_names_list());
+  const expanse_op_kind op = parse_op(o.op, "operation");
   h::op_config p1;  // docs/performance.md config P1
   p1.b = 1; p1.t = 4096; p1.hq = p1.h = 8; p1.d = p1.e = 64; p1.p = 2; p1.c = 128;
   p1.dtype = EXPANSE_BF16; p1.gated = true; p1.normalize = true;
   if (op == expanse::ops::power_attention_step) p1.t = 1;
-  h::op_config base = case_from_options(args, op, p1);
-
-  std::vector<int64_t> ts;
-  if (args.has("ts")) {
-    std::stringstream list(args.get_string("ts", ""));
-    for (std::string item; std::getline(list, item, ',');) ts.push_back(parse_int(item, "--ts", 1));
-  } else {
-    ts.push_back(base.t);
-  }
-  const int warmup = static_cast<int>(args.get_int("warmup", 3, 0, 1000));
-  const int reps = static_cast<int>(args.get_int("reps", 10, 1, 100000));
-  const uint64_t seed = static_cast<uint64_t>(args.get_int("seed", 1, 0));
-  const std::string backend = args.get_string("backend", expanse_default_backend());
-  const int32_t device = static_cast<int32_t>(args.get_int("device", 0, 0, 1 << 16));
+  const h::op_config base = case_options.apply(op, p1);
+  const std::vector<int64_t> ts = o.ts.empty() ? std::vector<int64_t>{base.t} : o.ts;
+  const int warmup = o.warmup, reps = o.reps;
+  const uint64_t seed = static_cast<uint64_t>(o.seed);
+  const std::string backend = o.backend.empty() ? expanse_default_backend() : o.backend;
+  const int32_t device = o.device;
 
   expanse::context ctx(backend, device);
-  if (args.get_flag("check-finite")) ctx.set_check_finite(true);
+  if (o.check_finite) ctx.set_check_finite(true);
   expanse_device_info info;
   check_status(expanse_backend_device_info(backend.c_str(), device, &info), "device info");
 
@@ -183,16 +164,38 @@ int cmd_bench(int argc, char** argv) {
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2], flops = flop_count(ran);
     progress.clear();
-    std::printf("{\"op\":\"%s\",\"backend\":\"%s\",\"device\":\"%s\",\"version\":\"%s\",\"config\":\"%s\","
-                "\"b\":%lld,\"t\":%lld,\"hq\":%lld,\"h\":%lld,\"d\":%lld,\"e\":%lld,\"p\":%d,\"chunk\":%lld,\"chunk_auto\":%d,"
-                "\"dtype\":\"%s\",\"gated\":%d,\"median_ms\":%.6g,\"min_ms\":%.6g,\"reps\":%d,\"flop\":%.6g,"
-                "\"tflops\":%.6g,\"timer\":\"%s\",\"input_sets\":%d}\n",
-                expanse_op_name(op), json_escape(backend).c_str(), json_escape(info.name).c_str(), expanse_version(),
-                json_escape(cfg.label()).c_str(), (long long)cfg.b, (long long)cfg.t, (long long)cfg.hq,
-                (long long)cfg.h, (long long)cfg.d, (long long)cfg.e, cfg.p, (long long)ran.c, int(cfg.c == EXPANSE_CHUNK_AUTO),
-                expanse_dtype_name(cfg.dtype), int(cfg.gated), median, ms.front(), reps, flops,
-                flops / (median * 1e-3) / 1e12, device_timer ? "device events" : "host clock", sets);
+    const nlohmann::ordered_json line = {
+        {"op", expanse_op_name(op)}, {"backend", backend}, {"device", std::string(info.name)},
+        {"version", expanse_version()}, {"config", cfg.label()}, {"b", cfg.b}, {"t", cfg.t}, {"hq", cfg.hq},
+        {"h", cfg.h}, {"d", cfg.d}, {"e", cfg.e}, {"p", cfg.p}, {"chunk", ran.c},
+        {"chunk_auto", int(cfg.c == EXPANSE_CHUNK_AUTO)}, {"dtype", expanse_dtype_name(cfg.dtype)},
+        {"gated", int(cfg.gated)}, {"median_ms", significant6(median)}, {"min_ms", significant6(ms.front())},
+        {"reps", reps}, {"flop", flops}, {"tflops", significant6(flops / (median * 1e-3) / 1e12)},
+        {"timer", device_timer ? "device events" : "host clock"}, {"input_sets", sets}};
+    std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     std::fflush(stdout);
   }
   return 0;
+}
+
+}  // namespace
+
+Command add_bench(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("bench", "time operations on a backend");
+  set_usage(cmd, "OP [options]");
+  cmd->footer(kAbout);
+  auto o = std::make_shared<BenchOptions>();
+  cmd->add_option("OP", o->op, "an operation (those of 'expanse run --help')")->type_name("");
+  cmd->add_option("--backend", o->backend, "backend to time (default: $EXPANSE_BACKEND or reference)")
+      ->type_name("NAME");
+  cmd->add_option("--device", o->device, "device index (default 0)")->type_name("N")->check(in_range(0, 1 << 16));
+  cmd->add_option("--ts", o->ts, "sequence lengths to time (default: --t)")
+      ->option_text("T1,T2,...")->delimiter(',')->check(in_range(int64_t(1), INT64_MAX));
+  cmd->add_option("--warmup", o->warmup, "untimed runs first (default 3)")->type_name("N")->check(in_range(0, 1000));
+  cmd->add_option("--reps", o->reps, "timed runs (default 10)")->type_name("N")->check(in_range(1, 100000));
+  cmd->add_option("--seed", o->seed, "random seed (default 1)")->type_name("S")->check(in_range(int64_t(0), INT64_MAX));
+  cmd->add_flag("--check-finite", o->check_finite,
+                "let the library scan every input for NaN and infinity (timed with it)");
+  auto case_options = std::make_shared<CaseOptions>(cmd);
+  return {cmd, [o, case_options] { return bench(*o, *case_options); }};
 }

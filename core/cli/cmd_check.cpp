@@ -2,7 +2,10 @@
 // the oracle (the reference backend; for the reference itself, the independent naive f64
 // implementation), printing per-output relative errors against the docs/spec.md tolerance.
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <random>
+#include <string>
 
 #include "case_options.hpp"
 #include "cases.hpp"
@@ -13,9 +16,7 @@ namespace h = expanse::harness;
 
 namespace {
 
-const char kUsage[] =
-    "usage: expanse check [OP|all] [--backend NAME] [--device N] [--seed S] [--full] [case options]\n"
-    "\n"
+const char kAbout[] =
     "Runs OP (or every operation) on fresh random inputs on a backend and compares each output with\n"
     "the oracle: the reference backend, or for `--backend reference` an independent naive f64\n"
     "implementation. Prints the relative Frobenius error ||out - ref|| / ||ref|| of every output with\n"
@@ -40,43 +41,24 @@ void print_result(const h::check_result& r) {
   if (!r.pass()) std::printf("      repro: %s\n", r.repro().c_str());
 }
 
-}  // namespace
+struct CheckOptions {
+  std::string op = "all";
+  std::string backend;  // empty: expanse_default_backend()
+  int32_t device = 0;
+  std::optional<int64_t> seed;
+  bool full = false;
+  bool check_finite = false;
+};
 
-int cmd_check(int argc, char** argv) {
-  std::vector<OptionSpec> specs = {
-      {"backend", true, "NAME", "backend to check (default: $EXPANSE_BACKEND or reference)"},
-      {"device", true, "N", "device index (default 0)"},
-      {"seed", true, "S", "random seed (default: fresh, printed)"},
-      {"full", false, "", "run the whole shared case table"},
-      {"check-finite", false, "", "let the library scan every input for NaN and infinity first"},
-  };
-  for (const OptionSpec& s : case_option_specs()) specs.push_back(s);
-  ArgParser args("check", specs);
-  args.parse(argc, argv);
-  if (args.help_requested()) {
-    std::printf("%s\noptions:\n%s", kUsage, args.options_help().c_str());
-    return 0;
-  }
-  if (args.positional().size() > 1) throw UsageError("check: at most one operation name, got several");
-  const std::string op_text = args.positional().empty() ? "all" : args.positional()[0];
-  const bool all_ops = op_text == "all";
-  const expanse_op_kind op = all_ops ? EXPANSE_OP_COUNT : parse_op(op_text, "operation");
-  if (all_ops && has_case_options(args))
+int check(const CheckOptions& o, const CaseOptions& case_options) {
+  const bool all_ops = o.op == "all";
+  const expanse_op_kind op = all_ops ? EXPANSE_OP_COUNT : parse_op(o.op, "operation");
+  if (all_ops && case_options.any())
     throw UsageError("check: case options (--t, --p, ...) need one operation name, not 'all'");
-
-  const std::string backend = args.get_string("backend", expanse_default_backend());
-  const int32_t device = static_cast<int32_t>(args.get_int("device", 0, 0, 1 << 16));
-  const uint64_t seed = args.has("seed") ? static_cast<uint64_t>(args.get_int("seed", 0, 0))
-                                         : static_cast<uint64_t>(std::random_device{}() & 0x7fffffff);
-  expanse::context ctx(backend, device);
-  if (args.get_flag("check-finite")) ctx.set_check_finite(true);
-  std::printf("expanse check: backend %s, device %d, seed %llu\n", backend.c_str(), device,
-              static_cast<unsigned long long>(seed));
-
   std::vector<h::op_config> cases;
-  if (has_case_options(args)) {
-    cases.push_back(case_from_options(args, op, h::op_config{}));
-  } else if (args.get_flag("full")) {
+  if (case_options.any()) {
+    cases.push_back(case_options.apply(op, h::op_config{}));
+  } else if (o.full) {
     for (const h::op_config& c : h::standard_cases())
       if (all_ops || c.op == op) cases.push_back(c);
   } else {
@@ -84,6 +66,13 @@ int cmd_check(int argc, char** argv) {
       if (all_ops || k == op)
         for (const h::op_config& c : h::quick_cases(expanse_op_kind(k))) cases.push_back(c);
   }
+
+  const std::string backend = o.backend.empty() ? expanse_default_backend() : o.backend;
+  const uint64_t seed = static_cast<uint64_t>(o.seed ? *o.seed : std::random_device{}() & 0x7fffffff);
+  expanse::context ctx(backend, o.device);
+  if (o.check_finite) ctx.set_check_finite(true);
+  std::printf("expanse check: backend %s, device %d, seed %llu\n", backend.c_str(), o.device,
+              static_cast<unsigned long long>(seed));
 
   int passed = 0, failed = 0, skipped = 0;
   Progress progress(cases.size());
@@ -99,4 +88,25 @@ int cmd_check(int argc, char** argv) {
   }
   std::printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
   return failed ? 1 : 0;
+}
+
+}  // namespace
+
+Command add_check(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("check", "compare a backend against the reference on random cases");
+  set_usage(cmd, "[OP|all] [options]");
+  cmd->footer(kAbout);
+  auto o = std::make_shared<CheckOptions>();
+  cmd->add_option("OP", o->op, "an operation (those of 'expanse run --help'), or all (the default)")
+      ->type_name("");
+  cmd->add_option("--backend", o->backend, "backend to check (default: $EXPANSE_BACKEND or reference)")
+      ->type_name("NAME");
+  cmd->add_option("--device", o->device, "device index (default 0)")->type_name("N")->check(in_range(0, 1 << 16));
+  cmd->add_option("--seed", o->seed, "random seed (default: fresh, printed)")
+      ->type_name("S")
+      ->check(in_range(int64_t(0), INT64_MAX));
+  cmd->add_flag("--full", o->full, "run the whole shared case table");
+  cmd->add_flag("--check-finite", o->check_finite, "let the library scan every input for NaN and infinity first");
+  auto case_options = std::make_shared<CaseOptions>(cmd);
+  return {cmd, [o, case_options] { return check(*o, *case_options); }};
 }

@@ -31,19 +31,12 @@ const char* device_type_name(int32_t t) {
   }
 }
 
-void print_help(const ArgParser& args) {
-  std::printf(
-      "usage: expanse info\n"
-      "\n"
-      "Prints the library version, the default backend ($EXPANSE_BACKEND or \"reference\"), the\n"
-      "plugin search path $EXPANSE_BACKEND_PATH, and every backend found: whether it is available\n"
-      "(and why not), its module file, plugin ABI version and devices. Listing loads every plugin\n"
-      "module found. When the default backend is missing or unavailable, the default backend line\n"
-      "says so and why (and so does a warning on stderr); the exit status stays 0.\n"
-      "\n"
-      "options:\n%s",
-      args.options_help().c_str());
-}
+const char kAbout[] =
+    "Prints the library version, the default backend ($EXPANSE_BACKEND or \"reference\"), the\n"
+    "plugin search path $EXPANSE_BACKEND_PATH, and every backend found: whether it is available\n"
+    "(and why not), its module file, plugin ABI version and devices. Listing loads every plugin\n"
+    "module found. When the default backend is missing or unavailable, the default backend line\n"
+    "says so and why (and so does a warning on stderr); the exit status stays 0.\n";
 
 // One entry of the backend list: its information, or why there is none.
 struct Listed {
@@ -67,18 +60,7 @@ std::string default_backend_problem(const std::string& name, const std::vector<L
          ".so beside libexpanse.so or in $EXPANSE_BACKEND_PATH)";
 }
 
-}  // namespace
-
-int cmd_info(int argc, char** argv) {
-  ArgParser args("info", {});
-  args.parse(argc, argv);
-  if (args.help_requested()) {
-    print_help(args);
-    return 0;
-  }
-  if (!args.positional().empty())
-    throw UsageError("expanse info takes no arguments (got '" + args.positional()[0] + "')");
-
+int info() {
   const char* version = expanse_version();
   std::printf("expanse %s\n", version ? version : "(unknown version)");
 
@@ -132,4 +114,13 @@ int cmd_info(int argc, char** argv) {
   }
   std::fflush(stdout);
   return 0;
+}
+
+}  // namespace
+
+Command add_info(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("info", "version, backends and devices");
+  set_usage(cmd, "");
+  cmd->footer(kAbout);
+  return {cmd, info};
 }

@@ -1,17 +1,18 @@
 // `expanse run <op>`: run one operation once on .npy inputs and write its outputs as .npy files.
 //
 // Everything about an operation comes from the library's tables (expanse_op_tensor_args,
-// expanse_op_params): the file names are the tensors' names, the options the parameters' names, the
-// output shapes the library's (expanse_output_shape), which also validates the inputs. No operation
-// is spelled out here.
+// expanse_op_params): each op is a subcommand, its file names are the tensors' names, its options
+// the parameters' names, types, help and defaults, the output shapes the library's
+// (expanse_output_shape), which also validates the inputs. No operation is spelled out here.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
-#include <initializer_list>
 #include <memory>
 #include <new>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -150,7 +151,7 @@ std::string dims_text(const char* dims) {
   return s + "]";
 }
 
-// Every parameter name of every operation, once, with its help (the first op's wording).
+// Every parameter of every operation, once by name (the first op's).
 std::vector<expanse_param_info> all_params() {
   std::vector<expanse_param_info> all;
   for (int k = 0; k < EXPANSE_OP_COUNT; ++k)
@@ -169,84 +170,15 @@ bool follows_dtype_option(const expanse_tensor_arg_info& t) { return std::string
 // An optional output written only with --final-state.
 bool is_final_state(const expanse_tensor_arg_info& t) { return std::string(t.name).rfind("final_", 0) == 0; }
 
-// ---------------------------------------------------------------- options and help
-
-const std::vector<OptionSpec>& run_options() {
-  static const std::vector<OptionSpec> specs = [] {
-    std::vector<OptionSpec> s = {
-        {"inputs", true, "DIR", "directory holding the input files <name>.npy (required)"},
-        {"outputs", true, "DIR", "directory for the output files <name>.npy (required; created if missing)"},
-        {"backend", true, "NAME", "backend (default: $EXPANSE_BACKEND or \"reference\")"},
-        {"device", true, "N", "device index on the backend (default 0)"},
-        {"dtype", true, "T", "convert the token inputs to T (f16, bf16, f32, f64) before running"},
-        {"final-state", false, "", "also write the final state (power_attention's final_S, final_z)"},
-        {"check-finite", false, "", "refuse inputs holding NaN or infinity (log_g = -inf is a reset), naming\n"
-                                    "the input and the index of its first such element"},
-    };
-    // The operations' parameters, by their names in the library's tables.
-    for (const expanse_param_info& p : all_params()) {
-      const char* value = p.type == EXPANSE_PARAM_LAYOUT ? "L" : p.type == EXPANSE_PARAM_DOUBLE ? "X" : "N";
-      s.push_back({p.name, true, value, p.help});
-    }
-    s.push_back({"chunk", true, "C", "the same as --chunk_size"});
-    return s;
-  }();
-  return specs;
-}
-
-void print_help(const ArgParser& args) {
-  std::string ops;
-  for (int k = 0; k < EXPANSE_OP_COUNT; ++k) {
-    const OpTables op = tables_of(static_cast<expanse_op_kind>(k));
-    std::string in, out, params;
-    for (const auto& t : op.tensors) {
-      std::string item = std::string(t.name) + " " + dims_text(t.dims);
-      if (!t.required) item = "[" + item + "]";
-      std::string& list = t.role == EXPANSE_ARG_INPUT ? in : out;
-      list += (list.empty() ? "" : ", ") + item;
-      if (t.role == EXPANSE_ARG_IN_OUT) in += (in.empty() ? "" : ", ") + item;
-    }
-    for (const auto& p : op.params) params += (params.empty() ? "" : ", ") + std::string("--") + p.name;
-    ops += "  " + std::string(expanse_op_name(op.kind)) + "\n      in:  " + in + "\n      out: " + out +
-           (params.empty() ? "" : "\n      options: " + params) + "\n";
-  }
-  std::printf(
-      "usage: expanse run <op> --inputs DIR --outputs DIR [options]\n"
-      "\n"
-      "Reads the inputs of <op> from DIR/<name>.npy, runs the op once and writes each output to\n"
-      "DIR/<name>.npy, printing one line per output (name, shape, dtype). Tensors in [brackets] are\n"
-      "optional: an input is used when its file exists; an optional output is written (the final\n"
-      "state with --final-state). Shapes follow docs/spec.md: b batch, t tokens, hq query heads, h\n"
-      "key/value heads, d and e head dims, n = ceil(t / chunk_size), D = the expanded dim of phi for p,\n"
-      "d and the layout; a decoding step's tensors may omit their token axis of size 1.\n"
-      "\n"
-      "operations and files:\n%s"
-      "\n"
-      "dtypes: inputs are .npy float16/float32/float64 arrays (C order), used in their file dtype.\n"
-      "--dtype T converts the token inputs (all but the gates and states) to T; gates and states are\n"
-      "used as read when float32/float64 and converted to float32 otherwise. Outputs have the dtype the\n"
-      "library writes by default: token outputs that of the inputs, states and accumulators f32 (f64\n"
-      "for f64 inputs); in-place states keep theirs. numpy has no bfloat16: bf16 outputs are written as\n"
-      "float32 files (exactly). Outputs are filled with NaN before the run, so an element a backend\n"
-      "does not write shows up as NaN.\n"
-      "\n"
-      "options:\n%s"
-      "\n"
-      "example:\n"
-      "  expanse run power_attention --inputs in --outputs out --p 2 --final-state\n"
-      "  expanse run power_attention --inputs in --outputs out --p 2 --chunk_size 64 --check-finite\n",
-      ops.c_str(), args.options_help().c_str());
-}
 
 // ---------------------------------------------------------------- the run
 
+// The options of `expanse run OP` but the op's parameters, as given.
 struct Settings {
-  expanse_op_kind op;
   std::string op_name;
-  fs::path in_dir, out_dir;
+  std::string in_dir, out_dir, backend;
   int32_t device = 0;
-  bool has_dtype = false;
-  expanse_dtype dtype = EXPANSE_F32;
+  std::optional<expanse_dtype> dtype;
   bool final_state = false;
   bool check_finite = false;
 };
@@ -259,7 +191,7 @@ class Arrays {
   // DIR/<name>.npy, or nullptr when it does not exist and is optional; converted as the tensor's
   // dtype rule and --dtype say.
   NpyArray* load(const expanse_tensor_arg_info& t) {
-    const fs::path file = s_.in_dir / (std::string(t.name) + ".npy");
+    const fs::path file = fs::path(s_.in_dir) / (std::string(t.name) + ".npy");
     std::error_code ec;
     if (fs::status(file, ec).type() == fs::file_type::not_found) {
       if (!t.required) return nullptr;
@@ -268,7 +200,7 @@ class Arrays {
     // Anything else that is wrong with the path (a FIFO, a symbolic link loop) npy_read reports.
     auto a = std::make_unique<NpyArray>(npy_read(file.string()));
     if (follows_dtype_option(t)) {
-      if (s_.has_dtype && a->dtype != s_.dtype) *a = convert_array(*a, s_.dtype);
+      if (s_.dtype && a->dtype != *s_.dtype) *a = convert_array(*a, *s_.dtype);
     } else if (a->dtype != EXPANSE_F32 && a->dtype != EXPANSE_F64) {
       *a = convert_array(*a, EXPANSE_F32);
     }
@@ -316,24 +248,10 @@ class Args {
   void set_tensor(const expanse_tensor_arg_info& t, const expanse_tensor* view) {
     std::memcpy(static_cast<char*>(get()) + t.offset, &view, sizeof(view));
   }
-  // The parameter from its option's text (when given; else the library's default stays).
-  void set_param(const expanse_param_info& p, const std::string& text) {
-    char* at = static_cast<char*>(get()) + p.offset;
-    const std::string what = "--" + std::string(p.name);
-    if (p.type == EXPANSE_PARAM_INT32) {
-      const int32_t v = std::string(p.name) == "normalize" ? (parse_bool(text, what) ? 1 : 0)
-                                                           : static_cast<int32_t>(parse_int(text, what, INT32_MIN, INT32_MAX));
-      std::memcpy(at, &v, sizeof(v));
-    } else if (p.type == EXPANSE_PARAM_INT64) {
-      const int64_t v = parse_chunk(text, what, /*allow_auto=*/p.default_value == EXPANSE_CHUNK_AUTO);
-      std::memcpy(at, &v, sizeof(v));
-    } else if (p.type == EXPANSE_PARAM_DOUBLE) {
-      const double v = parse_double(text, what);
-      std::memcpy(at, &v, sizeof(v));
-    } else {
-      const expanse_layout v = parse_layout(text, what);
-      std::memcpy(at, &v, sizeof(v));
-    }
+  // A parameter (of the type the table gives).
+  template <class T>
+  void set(const expanse_param_info& p, const T& value) {
+    std::memcpy(static_cast<char*>(get()) + p.offset, &value, sizeof(value));
   }
 
  private:
@@ -402,54 +320,143 @@ void check_input_dir(const fs::path& dir) {
     throw std::runtime_error("--inputs " + dir.string() + " is not a directory");
 }
 
-}  // namespace
+// ---------------------------------------------------------------- the command line
 
-int cmd_run(int argc, char** argv) {
-  ArgParser args("run", run_options());
-  args.parse(argc, argv);
-  if (args.help_requested()) {
-    print_help(args);
-    return 0;
+// `expanse run OP` for one operation: its tables, its args struct (which the options of its
+// parameters fill as they are parsed) and the options given that it does not read.
+struct Operation {
+  explicit Operation(expanse_op_kind kind) : op(tables_of(kind)), args(kind) {}
+  OpTables op;
+  Args args;
+  CLI::App* app = nullptr;
+  std::vector<std::string> unused;
+};
+
+struct RunCommand {
+  Settings settings;
+  std::vector<std::unique_ptr<Operation>> ops;
+};
+
+// "in:  q [b,t,hq,d], [log_g [b,t,h]]\nout: o [b,t,hq,e]": the op's files, optional ones in brackets.
+std::string files_text(const OpTables& op) {
+  std::string in, out;
+  for (const auto& t : op.tensors) {
+    std::string item = std::string(t.name) + " " + dims_text(t.dims);
+    if (!t.required) item = "[" + item + "]";
+    std::string& list = t.role == EXPANSE_ARG_INPUT ? in : out;
+    list += (list.empty() ? "" : ", ") + item;
+    if (t.role == EXPANSE_ARG_IN_OUT) in += (in.empty() ? "" : ", ") + item;
   }
-  const auto& pos = args.positional();
-  if (pos.empty()) throw UsageError("expanse run needs an operation: one of " + op_names_list());
-  if (pos.size() > 1) throw UsageError("expanse run takes one operation, got also '" + pos[1] + "'");
+  return "in:  " + in + "\nout: " + out;
+}
 
-  Settings s;
-  s.op = parse_op(pos[0], "operation");
-  s.op_name = expanse_op_name(s.op);
-  const OpTables op = tables_of(s.op);
-  if (!args.has("inputs")) throw UsageError("expanse run needs --inputs DIR");
-  if (!args.has("outputs")) throw UsageError("expanse run needs --outputs DIR");
-  s.in_dir = args.get_string("inputs", "");
-  s.out_dir = args.get_string("outputs", "");
-  if (s.in_dir.empty()) throw UsageError("--inputs needs a directory name");
-  if (s.out_dir.empty()) throw UsageError("--outputs needs a directory name");
-  s.device = static_cast<int32_t>(args.get_int("device", 0, 0, INT32_MAX));
-  s.has_dtype = args.has("dtype");
-  if (s.has_dtype) s.dtype = parse_dtype(*args.value("dtype"), "--dtype");
-  s.final_state = args.get_flag("final-state");
-  s.check_finite = args.get_flag("check-finite");
-  if (args.has("chunk") && args.has("chunk_size")) throw UsageError("give --chunk_size or --chunk, not both");
+// "--p"; "--chunk_size,--chunk" (the name the command has always read too).
+std::string option_names(const expanse_param_info& p) {
+  const std::string name = "--" + std::string(p.name);
+  return name == "--chunk_size" ? name + ",--chunk" : name;
+}
 
-  // The op's parameters from their options; options the op does not read are most likely a
-  // mistake: say so, but run.
-  Args op_args(s.op);
-  bool final_states = false;
-  for (const auto& t : op.tensors) final_states = final_states || is_final_state(t);
-  for (const auto& name : args.given()) {
-    if (name == "inputs" || name == "outputs" || name == "backend" || name == "device" || name == "dtype" ||
-        name == "check-finite" || (name == "final-state" && final_states))
-      continue;
-    const std::string param = name == "chunk" ? "chunk_size" : name;
-    bool used = false;
-    for (const auto& p : op.params)
-      if (param == p.name) {
-        op_args.set_param(p, *args.value(name));
-        used = true;
+// A parameter's default as its option reads it: "2", "auto", "sympow".
+std::string default_text(const expanse_param_info& p) {
+  if (p.type == EXPANSE_PARAM_LAYOUT)
+    return p.default_value == EXPANSE_LAYOUT_TENSOR  ? "tensor"
+           : p.default_value == EXPANSE_LAYOUT_TILED ? "tiled"
+                                                     : "sympow";
+  if (p.type == EXPANSE_PARAM_INT64 && p.default_value == EXPANSE_CHUNK_AUTO) return "auto";
+  std::ostringstream text;
+  text << p.default_value;
+  return text.str();
+}
+
+// The option of parameter p, of the type its table gives; it writes the value into args.
+void add_param_option(CLI::App* sub, const expanse_param_info& p, Args& args) {
+  const std::string name = "--" + std::string(p.name), names = option_names(p);
+  const std::string help = std::string(p.help) + " (default " + default_text(p) + ")";
+  if (p.type == EXPANSE_PARAM_INT32 && name == "--normalize") {
+    sub->add_option_function<bool>(names, [&args, p](bool v) { args.set(p, int32_t(v)); }, help)->type_name("0|1");
+  } else if (p.type == EXPANSE_PARAM_INT32) {
+    sub->add_option_function<int32_t>(names, [&args, p](int32_t v) { args.set(p, v); }, help)->type_name("N");
+  } else if (p.type == EXPANSE_PARAM_INT64) {
+    const bool allow_auto = p.default_value == EXPANSE_CHUNK_AUTO;
+    sub->add_option_function<std::string>(
+           names, [&args, p, name, allow_auto](const std::string& v) { args.set(p, parse_chunk(v, name, allow_auto)); },
+           help)->type_name(allow_auto ? "auto|C" : "C");
+  } else if (p.type == EXPANSE_PARAM_DOUBLE) {
+    sub->add_option_function<double>(names, [&args, p](double v) { args.set(p, v); }, help)->type_name("X")->check(
+        finite_number());
+  } else if (p.type == EXPANSE_PARAM_LAYOUT) {
+    sub->add_option_function<std::string>(
+           names, [&args, p, name](const std::string& v) { args.set(p, parse_layout(v, name)); }, help)->type_name("L");
+  } else {
+    throw std::logic_error("expanse run: parameter " + name + " has an unknown type");
+  }
+}
+
+// The options of `expanse run OP`: the shared ones, then the op's parameters from the library's
+// table. The parameters of other ops (and --final-state where the op has no final state) are
+// accepted with a warning, not listed, so that one set of options serves every op.
+void add_options(CLI::App* sub, Operation& o, Settings& s) {
+  sub->add_option("--inputs", s.in_dir, "directory holding the input files <name>.npy (required)")->type_name("DIR");
+  sub->add_option("--outputs", s.out_dir, "directory for the output files <name>.npy (required; created if missing)")
+      ->type_name("DIR");
+  sub->add_option("--backend", s.backend, "backend (default: $EXPANSE_BACKEND or \"reference\")")->type_name("NAME");
+  sub->add_option("--device", s.device, "device index on the backend (default 0)")->type_name("N")->check(
+      in_range(0, INT32_MAX));
+  sub->add_option_function<std::string>(
+         "--dtype", [&s](const std::string& text) { s.dtype = parse_dtype(text, "--dtype"); },
+         "convert the token inputs to T (f16, bf16, f32, f64) before running")->type_name("T");
+  std::string finals;
+  for (const auto& t : o.op.tensors)
+    if (is_final_state(t)) finals += (finals.empty() ? "" : ", ") + std::string(t.name);
+  if (!finals.empty()) sub->add_flag("--final-state", s.final_state, "also write the final state (" + finals + ")");
+  else sub->add_flag_function("--final-state", [&o](int64_t) { o.unused.push_back("--final-state"); })->group("");
+  sub->add_flag("--check-finite", s.check_finite,
+                "refuse inputs holding NaN or infinity (log_g = -inf is a reset), naming\n"
+                "the input and the index of its first such element");
+  for (const expanse_param_info& p : all_params()) {
+    bool read = false;
+    for (const expanse_param_info& q : o.op.params)
+      if (std::string(q.name) == p.name) {
+        add_param_option(sub, q, o.args);
+        read = true;
       }
-    if (!used) std::fprintf(stderr, "expanse: warning: --%s is not used by %s\n", name.c_str(), s.op_name.c_str());
+    if (!read)
+      sub->add_option_function<std::string>(option_names(p), [&o, p](const std::string&) {
+           o.unused.push_back("--" + std::string(p.name));
+         })->group("");
   }
+}
+
+const char kFooter[] =
+    "OP reads each input from --inputs DIR/<name>.npy and writes each output to --outputs\n"
+    "DIR/<name>.npy, printing one line per output (name, shape, dtype). Tensors in [brackets] are\n"
+    "optional: an input is used when its file exists; an optional output is written (the final\n"
+    "state with --final-state). Shapes follow docs/spec.md: b batch, t tokens, hq query heads, h\n"
+    "key/value heads, d and e head dims, n = ceil(t / chunk_size), D = the expanded dim of phi for p,\n"
+    "d and the layout; a decoding step's tensors may omit their token axis of size 1.\n"
+    "\n"
+    "dtypes: inputs are .npy float16/float32/float64 arrays (C order), used in their file dtype.\n"
+    "--dtype T converts the token inputs (all but the gates and states) to T; gates and states are\n"
+    "used as read when float32/float64 and converted to float32 otherwise. Outputs have the dtype the\n"
+    "library writes by default: token outputs that of the inputs, states and accumulators f32 (f64\n"
+    "for f64 inputs); in-place states keep theirs. numpy has no bfloat16: bf16 outputs are written as\n"
+    "float32 files (exactly). Outputs are filled with NaN before the run, so an element a backend\n"
+    "does not write shows up as NaN.\n"
+    "\n"
+    "examples:\n"
+    "  expanse run power_attention --inputs in --outputs out --p 2 --final-state\n"
+    "  expanse run power_attention --inputs in --outputs out --p 2 --chunk_size 64 --check-finite\n";
+
+// ---------------------------------------------------------------- the run
+
+int run(Settings s, Operation& o) {
+  const OpTables& op = o.op;
+  s.op_name = expanse_op_name(op.kind);
+  if (s.in_dir.empty()) throw UsageError("expanse run needs --inputs DIR");
+  if (s.out_dir.empty()) throw UsageError("expanse run needs --outputs DIR");
+  // Options the op does not read are most likely a mistake: say so, but run.
+  for (const std::string& name : o.unused)
+    std::fprintf(stderr, "expanse: warning: %s is not used by %s\n", name.c_str(), s.op_name.c_str());
 
   check_input_dir(s.in_dir);
   // A file no tensor of the op reads is most likely misnamed (e.g. S0.npy for initial_S.npy): say so.
@@ -469,7 +476,7 @@ int cmd_run(int argc, char** argv) {
   }
 
   const char* def_backend = expanse_default_backend();
-  const std::string backend = args.get_string("backend", def_backend ? def_backend : "reference");
+  const std::string backend = !s.backend.empty() ? s.backend : def_backend ? def_backend : "reference";
   Context ctx(backend, s.device);
   const int32_t device_type = expanse_context_device_type(ctx.get());
   if (s.check_finite)
@@ -478,16 +485,17 @@ int cmd_run(int argc, char** argv) {
   Arrays io(s);
   {
     Binder bind(ctx.get(), device_type != EXPANSE_DEVICE_CPU, device_type, s.device);
-    run_op(s, op, op_args, ctx.get(), bind, io);
+    run_op(s, op, o.args, ctx.get(), bind, io);
   }  // device buffers are freed here, before the context
 
+  const fs::path out_dir = s.out_dir;
   std::error_code ec;
-  fs::create_directories(s.out_dir, ec);
-  if (ec || !fs::is_directory(s.out_dir))
-    throw std::runtime_error("cannot create the output directory " + s.out_dir.string() +
+  fs::create_directories(out_dir, ec);
+  if (ec || !fs::is_directory(out_dir))
+    throw std::runtime_error("cannot create the output directory " + out_dir.string() +
                              (ec ? ": " + ec.message() : std::string()));
   for (const auto& [name, arr] : io.outputs()) {
-    const fs::path file = s.out_dir / (name + ".npy");
+    const fs::path file = out_dir / (name + ".npy");
     npy_write(file.string(), *arr);
     std::printf("%-7s %-22s %s%s -> %s\n", name.c_str(), shape_to_string(arr->shape).c_str(),
                 dtype_to_string(arr->dtype), arr->dtype == EXPANSE_BF16 ? " (written as f32)" : "",
@@ -495,4 +503,39 @@ int cmd_run(int argc, char** argv) {
   }
   std::fflush(stdout);
   return 0;
+}
+
+}  // namespace
+
+Command add_run(CLI::App& app) {
+  auto* cmd = app.add_subcommand("run", "run one operation on .npy inputs and write .npy outputs");
+  set_usage(cmd, "OP --inputs DIR --outputs DIR [options]");
+  cmd->footer(kFooter);
+  cmd->require_subcommand(0, 1);
+  // A name that is no operation (those are the subcommands), or an option's value before the operation.
+  cmd->add_option_function<std::string>("OP", [cmd](const std::string& name) {
+       const std::vector<std::string> before = cmd->remaining();
+       if (!before.empty())
+         throw UsageError("expanse run takes the operation first, then its options (got " + before.front() +
+                          " before the operation)");
+       throw UsageError("unknown operation '" + name + "': expected one of " + op_names_list());
+     })->group("");
+  auto run_cmd = std::make_shared<RunCommand>();
+  for (int k = 0; k < EXPANSE_OP_COUNT; ++k) {
+    auto o = std::make_unique<Operation>(static_cast<expanse_op_kind>(k));
+    const std::string name = expanse_op_name(o->op.kind);
+    o->app = cmd->add_subcommand(name, files_text(o->op));
+    o->app->group("Operations (expanse run OP --help: its options)")->ignore_case();
+    std::string dashed = name;
+    std::replace(dashed.begin(), dashed.end(), '_', '-');
+    if (dashed != name) o->app->alias(dashed);
+    set_usage(o->app, "--inputs DIR --outputs DIR [options]");
+    add_options(o->app, *o, run_cmd->settings);
+    run_cmd->ops.push_back(std::move(o));
+  }
+  return {cmd, [run_cmd] {
+            for (auto& o : run_cmd->ops)
+              if (o->app->parsed()) return run(run_cmd->settings, *o);
+            throw UsageError("expanse run needs an operation: one of " + op_names_list());
+          }};
 }

@@ -1,128 +1,94 @@
-// `expanse <command> [options]`: entry point of the command-line tool.
+// `expanse <command> [options]`: entry point of the command-line tool. CLI11 parses the command line
+// and writes the help; each command (commands.hpp) declares its options.
 //
 // Exit status: 0 success, 1 failure (library error, bad file, check failure), 2 bad command line.
 // Every exception is caught here and printed as "expanse: error: <text>" on stderr.
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
-#include <exception>
+#include <iostream>
+#include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "cli_options.hpp"
 #include "commands.hpp"
 #include "expanse/expanse.h"
 
+using namespace expanse_cli;
+
 namespace {
 
-struct Command {
-  const char* name;
-  int (*fn)(int, char**);
-  const char* summary;
-};
-
-const Command kCommands[] = {
-    {"info", cmd_info, "version, backends and devices"},
-    {"run", cmd_run, "run one operation on .npy inputs and write .npy outputs"},
-    {"check", cmd_check, "compare a backend against the reference on random cases"},
-    {"bench", cmd_bench, "time operations on a backend"},
-};
-
-void print_usage(std::FILE* to) {
-  std::fprintf(to,
-               "usage: expanse <command> [options]\n"
-               "       expanse <command> --help\n"
-               "       expanse --version\n"
-               "\n"
-               "commands:\n");
-  for (const auto& c : kCommands) std::fprintf(to, "  %-7s %s\n", c.name, c.summary);
-  std::fprintf(to,
-               "\n"
-               "Environment: EXPANSE_BACKEND (default backend), EXPANSE_BACKEND_PATH (colon-separated\n"
-               "directories searched for backend plugins libexpanse-<name>.so).\n"
-               "Exit status: 0 success, 1 failure, 2 bad command line.\n");
-}
-
-const Command* find_command(const std::string& name) {
-  for (const auto& c : kCommands)
-    if (name == c.name) return &c;
-  return nullptr;
-}
-
-std::string known_commands() {
-  std::string out;
-  for (const auto& c : kCommands) out += (out.empty() ? "" : ", ") + std::string(c.name);
-  return out;
-}
-
-// Runs a command, turning every exception into a message and an exit status.
-int run_guarded(const Command& cmd, int argc, char** argv) {
-  try {
-    return cmd.fn(argc, argv);
-  } catch (const expanse_cli::UsageError& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "expanse: error: %s\n(see 'expanse %s --help')\n", e.what(), cmd.name);
-    return 2;
-  } catch (const std::bad_alloc&) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "expanse: error: out of host memory\n");
-    return 1;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "expanse: error: %s\n", e.what());
-    return 1;
-  } catch (...) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "expanse: error: unknown exception in 'expanse %s'\n", cmd.name);
-    return 1;
+// "expanse run power_attention": the commands parsed, for "see '... --help'".
+std::string parsed_command(const CLI::App& app) {
+  std::string name = app.get_name();
+  for (const CLI::App* a = &app; !a->get_subcommands().empty();) {
+    a = a->get_subcommands().front();
+    name += " " + a->get_name();
   }
+  return name;
+}
+
+int error(const std::string& text, int status) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "expanse: error: %s\n", text.c_str());
+  return status;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app("The command line of expanse, large-state linear attention.", "expanse");
+  app.formatter(std::make_shared<HelpFormatter>());
+  app.get_formatter()->column_width(28);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::Throw);  // an option given twice
+  const char* version = expanse_version();
+  app.set_version_flag("-V,--version", std::string("expanse ") + (version ? version : "(unknown version)"));
   try {
-    if (argc < 2 || argv[1] == nullptr) {
-      print_usage(stderr);
+    set_usage(&app, "COMMAND [options]");
+    const Command commands[] = {add_info(app), add_run(app), add_check(app), add_bench(app)};
+    std::string names;
+    for (const Command& c : commands) {
+      c.app->group("Commands (expanse COMMAND --help: its options)");
+      names += (names.empty() ? "" : ", ") + c.app->get_name();
+    }
+    app.add_option_function<std::string>("COMMAND", [&names](const std::string& name) {
+         throw UsageError("unknown command '" + name + "' (commands: " + names + ")");
+       })->group("");
+    app.footer(
+        "Environment: EXPANSE_BACKEND (default backend), EXPANSE_BACKEND_PATH (colon-separated\n"
+        "directories searched for backend plugins libexpanse-<name>.so).\n"
+        "Exit status: 0 success, 1 failure, 2 bad command line.");
+
+    // `expanse help [COMMAND...]` is `expanse [COMMAND...] --help`, `expanse version` `expanse --version`.
+    std::vector<std::string> args(argv + std::min(argc, 1), argv + argc);
+    if (!args.empty() && args.front() == "help") {
+      args.erase(args.begin());
+      args.push_back("--help");
+    } else if (args.size() == 1 && args.front() == "version") {
+      args.front() = "--version";
+    }
+    if (args.empty()) {
+      std::cerr << app.help();
       return 2;
     }
-    const std::string first = argv[1];
-    if (first == "--help" || first == "-h" || first == "help") {
-      if (argc >= 3 && argv[2] != nullptr && first == "help") {
-        // `expanse help run` is `expanse run --help`.
-        const Command* cmd = find_command(argv[2]);
-        if (cmd == nullptr) {
-          std::fprintf(stderr, "expanse: error: unknown command '%s' (commands: %s)\n", argv[2],
-                       known_commands().c_str());
-          return 2;
-        }
-        char help_flag[] = "--help";
-        char* sub_argv[] = {argv[2], help_flag, nullptr};
-        return run_guarded(*cmd, 2, sub_argv);
-      }
-      print_usage(stdout);
-      return 0;
-    }
-    if (first == "--version" || first == "-V" || first == "version") {
-      const char* v = expanse_version();
-      std::printf("expanse %s\n", v ? v : "(unknown version)");
-      return 0;
-    }
-    const Command* cmd = find_command(first);
-    if (cmd == nullptr) {
-      if (!first.empty() && first[0] == '-')
-        std::fprintf(stderr, "expanse: error: unknown option '%s' (options before the command: "
-                             "--help, --version)\n", first.c_str());
-      else
-        std::fprintf(stderr, "expanse: error: unknown command '%s' (commands: %s; see 'expanse --help')\n",
-                     first.c_str(), known_commands().c_str());
-      return 2;
-    }
-    return run_guarded(*cmd, argc - 1, argv + 1);
+    std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first
+    app.parse(args);
+    for (const Command& c : commands)
+      if (c.app->parsed()) return c.run();
+    std::cerr << app.help();
+    return 2;
+  } catch (const CLI::Success& e) {  // --help, --version
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return error(std::string(e.what()) + "\n(see '" + parsed_command(app) + " --help')", 2);
+  } catch (const UsageError& e) {
+    return error(std::string(e.what()) + "\n(see '" + parsed_command(app) + " --help')", 2);
+  } catch (const std::bad_alloc&) {
+    return error("out of host memory", 1);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "expanse: error: %s\n", e.what());
-    return 1;
+    return error(e.what(), 1);
   } catch (...) {
-    std::fprintf(stderr, "expanse: error: unknown exception\n");
-    return 1;
+    return error("unknown exception in '" + parsed_command(app) + "'", 1);
   }
 }
