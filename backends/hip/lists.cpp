@@ -28,6 +28,8 @@ const registered_list kChunkAttention(hip_lists(), EXPANSE_OP_CHUNK_ATTENTION, {
 const registered_list kPowerAttention(hip_lists(), EXPANSE_OP_POWER_ATTENTION, {expanse_gpu::power_attention_chunked});
 const registered_list kPowerAttentionStep(hip_lists(), EXPANSE_OP_POWER_ATTENTION_STEP,
                                           {expanse_gpu::power_attention_step_fused});
+const registered_list kPowerAttentionBackward(hip_lists(), EXPANSE_OP_POWER_ATTENTION_BACKWARD,
+                                              {expanse_gpu::power_attention_backward_simple});
 
 }  // namespace
 }  // namespace expanse_hip

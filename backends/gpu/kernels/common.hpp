@@ -98,7 +98,7 @@ struct gates {
   const float* key_Gc = nullptr;
   const float* key_total = nullptr;
   // The view update_state's kernels read as (Gc, total): exp(total - Gc_j), reset-safe.
-  gates keys() const {
+  __host__ __device__ gates keys() const {
     gates k;
     k.Gc = key_Gc;
     k.total = key_total;

@@ -23,6 +23,8 @@ EXPANSE_GPU_IMPLEMENTATION(chunk_attention_simple, "simple")
 // The chunked algorithm composed of the operations above, each step through the backend's list.
 EXPANSE_GPU_IMPLEMENTATION(power_attention_chunked, "chunked")
 EXPANSE_GPU_IMPLEMENTATION(power_attention_step_fused, "fused")
+// The gradients, with the forward states made by the lists above.
+EXPANSE_GPU_IMPLEMENTATION(power_attention_backward_simple, "simple")
 
 #undef EXPANSE_GPU_IMPLEMENTATION
 

@@ -1,0 +1,137 @@
+// power_attention_backward's SIMT implementation (gpu/kernels/power_attention_backward.hpp), shared by
+// every GPU backend: correct for any shape the kernels hold (d, e <= 256), and a baseline for the
+// tensor-core implementations, not a fast path. The forward states come from update_state and
+// discumsum through the backend's lists, as in the forward.
+#include "gpu/kernels/power_attention_backward.hpp"
+#include "gpu/ops/common.hpp"
+#include "gpu/ops/discumsum.hpp"
+#include "gpu/ops/implementations.hpp"
+
+namespace expanse_gpu {
+namespace {
+
+enum step_slot { kUpdateState = 1, kDiscumsumS, kDiscumsumZ };
+
+expanse_tensor view_or_empty(const expanse_tensor* t) { return t ? *t : expanse_tensor{}; }
+
+}  // namespace
+
+std::string power_attention_backward_simple_declines(const expanse_op& op, const device_props&) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = args_of<expanse_power_attention_backward_args>(op);
+  std::string why = common_declines(op);
+  if (why.empty() && (pb.d > kBackwardMaxDim || pb.e > kBackwardMaxDim))
+    why = "d and e must be at most " + std::to_string(kBackwardMaxDim);
+  if (why.empty() && (!is_f32(a.log_g) || !is_f32(a.initial_S) || !is_f32(a.initial_z) || !is_f32(a.dfinal_S) ||
+                      !is_f32(a.dfinal_z) || !is_f32(a.dlog_g) || !is_f32(a.dinitial_S) || !is_f32(a.dinitial_z)))
+    why = "log_g, states and their gradients must be f32";
+  return why;
+}
+
+void power_attention_backward_simple_run(const expanse_op& op, launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = args_of<expanse_power_attention_backward_args>(op);
+  const expanse_tensor& dev = *a.q;
+  // Forward states exist where a chunk starts from one; cotangent states where a chunk's keys see one.
+  const bool forward_states = pb.n > 1 || a.initial_S != nullptr;
+  const bool cotangent_states = pb.n > 1 || a.dfinal_S != nullptr || a.dfinal_z != nullptr || a.dinitial_S != nullptr ||
+                                a.dinitial_z != nullptr;
+  const bool need_z = pb.normalize || a.initial_z != nullptr || a.dfinal_z != nullptr;
+  const bool final_term = a.dlog_g != nullptr && (a.dfinal_S != nullptr || a.dfinal_z != nullptr);
+
+  step_inputs shared;
+  shared.phi = make_phi_tables(pb, lc);
+  shared.g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
+  const int64_t tokens = pb.b * pb.t, states = pb.b * pb.n * pb.h * pb.D, heads = pb.b * pb.h;
+  backward_work w{};
+  w.dnum = lc.ws.take<float>(size_t(tokens * pb.hq * pb.e));
+  w.dden = lc.ws.take<float>(size_t(tokens * pb.hq));
+  w.qdq = lc.ws.take<float>(size_t(tokens * pb.hq));
+  w.kdk = lc.ws.take<float>(size_t(tokens * pb.h));
+  // The forward sweep: update_state then discumsum in place, as the forward runs them. It also
+  // yields the final state when the gates' gradient needs <dfinal, final>.
+  expanse_tensor S{}, z{}, S_final{}, z_final{};
+  if (forward_states || final_term) {
+    S = f32_view(lc.ws.take<float>(size_t(states * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
+    if (need_z) z = f32_view(lc.ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, dev);
+  }
+  if (final_term) {
+    S_final = f32_view(lc.ws.take<float>(size_t(heads * pb.D * pb.e)), {pb.b, pb.h, pb.D, pb.e}, dev);
+    if (need_z) z_final = f32_view(lc.ws.take<float>(size_t(heads * pb.D)), {pb.b, pb.h, pb.D}, dev);
+  }
+  if (cotangent_states) {
+    w.dY = lc.ws.take<float>(size_t(states * pb.e));
+    if (need_z || a.dinitial_z) w.dZ = lc.ws.take<float>(size_t(states));
+  }
+  float* final_sums = final_term ? lc.ws.take<float>(size_t(heads)) : nullptr;
+
+  launch_context steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &shared};
+  if (S.data) {
+    expanse_update_state_args upd{a.k, a.v, a.log_g, &S, z.data ? &z : nullptr, pb.p, pb.c, pb.layout};
+    expanse_problem upd_pb = pb;
+    upd_pb.output_dtype = upd_pb.state_dtype = EXPANSE_F32;
+    upd_pb.has_initial_state = upd_pb.want_final_state = upd_pb.has_intra = 0;
+    lc.dispatch.run_step({EXPANSE_OP_UPDATE_STATE, &upd, &upd_pb, nullptr}, kUpdateState, steps);
+    expanse_tensor A{};
+    if (shared.g.total) {  // the chunk totals, stored [b,h,n], as a [b,n,h] view
+      A = f32_view(const_cast<float*>(shared.g.total), {pb.b, pb.n, pb.h}, dev);
+      A.strides[0] = pb.h * pb.n, A.strides[1] = 1, A.strides[2] = pb.n;
+    }
+    auto scan = [&](expanse_tensor& X, const expanse_tensor* initial, expanse_tensor& fin, int64_t rows, int slot) {
+      const discumsum_step_args scan_args{{&X, A.data ? &A : nullptr, initial, &X}, fin.data ? &fin : nullptr};
+      expanse_problem scan_pb = upd_pb;
+      scan_pb.input_dtype = EXPANSE_F32;
+      scan_pb.rows = rows;
+      scan_pb.has_initial_state = initial != nullptr;
+      scan_pb.want_final_state = 1;  // the step form
+      lc.dispatch.run_step({EXPANSE_OP_DISCUMSUM, &scan_args, &scan_pb, nullptr}, slot, steps);
+    };
+    scan(S, a.initial_S, S_final, pb.D * pb.e, kDiscumsumS);
+    if (z.data) scan(z, a.initial_z, z_final, pb.D, kDiscumsumZ);
+  }
+  w.S = forward_states ? static_cast<const float*>(S.data) : nullptr;
+  w.z = forward_states ? static_cast<const float*>(z.data) : nullptr;
+  if (lc.ws.sizing()) return;
+
+  const backward_tensors in{*a.q, *a.k, *a.v, view_or_empty(a.o), *a.dout, *a.dq, *a.dk, *a.dv};
+  const phi_entry* table = shared.phi.rows;
+  const gates& g = shared.g;
+  const unsigned query_blocks = unsigned(tokens * pb.hq), key_blocks = unsigned(tokens * pb.h);
+  with_input_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (query_blocks == 0) return;
+    backward_cotangents_kernel<T><<<query_blocks, kBackwardThreads, 0, lc.stream>>>(in, w, g, table, pb);
+    check_launch("power_attention_backward cotangents");
+    if (w.dY) {
+      const int64_t entries = states * (pb.e + 1);
+      query_cotangent_states_kernel<T><<<grid_for(entries, 256), 256, 0, lc.stream>>>(*a.q, w, g, table, pb);
+      check_launch("power_attention_backward cotangent states");
+    }
+  });
+  if (w.dY && heads * pb.D > 0) {
+    reverse_scan_kernel<<<grid_for(heads * pb.D * (pb.e + 1), 256), 256, 0, lc.stream>>>(
+        w, g, pb, view_or_empty(a.dfinal_S), view_or_empty(a.dfinal_z), view_or_empty(a.dinitial_S),
+        view_or_empty(a.dinitial_z));
+    check_launch("power_attention_backward reverse scan");
+  }
+  with_input_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (query_blocks == 0) return;
+    query_gradients_kernel<T><<<query_blocks, kBackwardThreads, 0, lc.stream>>>(in, w, g, table, pb);
+    check_launch("power_attention_backward dq");
+    key_gradients_kernel<T><<<key_blocks, kBackwardThreads, 0, lc.stream>>>(in, w, g, table, pb);
+    check_launch("power_attention_backward dk, dv");
+  });
+  if (final_sums && heads > 0) {
+    final_term_kernel<<<unsigned(heads), kBackwardThreads, 0, lc.stream>>>(
+        view_or_empty(a.dfinal_S), view_or_empty(a.dfinal_z), static_cast<const float*>(S_final.data),
+        static_cast<const float*>(z_final.data), pb, final_sums);
+    check_launch("power_attention_backward final term");
+  }
+  if (a.dlog_g && heads > 0 && pb.t > 0) {
+    gate_gradients_kernel<<<unsigned(heads), kBackwardThreads, 0, lc.stream>>>(*a.log_g, *a.dlog_g, w, final_sums, pb);
+    check_launch("power_attention_backward dlog_g");
+  }
+}
+
+}  // namespace expanse_gpu
