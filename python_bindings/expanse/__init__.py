@@ -9,8 +9,9 @@ Arrays are numpy arrays or DLPack tensors (PyTorch, CuPy, JAX), used in place wi
 any non-negative strides; CUDA tensors stay on their device and run on the framework's current
 stream. Results come back in the framework of the first array argument. Inputs are float16,
 bfloat16 or float32 (float64 on the reference backend); states are float32 for float16, bfloat16 and
-float32 inputs and float64 for float64 inputs, on every backend. Forward only: torch tensors that
-require grad are refused while gradients are enabled (pass x.detach()).
+float32 inputs and float64 for float64 inputs, on every backend. power_attention is differentiable
+with torch tensors (power_attention_backward gives the gradients to any array); the other
+operations refuse torch tensors that require grad while gradients are enabled (pass x.detach()).
 
     >>> import numpy as np, expanse
     >>> rng = np.random.default_rng(0)
@@ -22,8 +23,8 @@ require grad are refused while gradients are enabled (pass x.detach()).
     >>> expanse.check("power_attention", backend="reference", t=100, chunk_size=32).passed
     True
 
-Operations: power_attention, power_attention_step, sympow_expand, update_state, discumsum,
-query_state, chunk_attention. Backends: backends(), devices(), set_default_backend(). Validation
+Operations: power_attention, power_attention_backward, power_attention_step, sympow_expand,
+update_state, discumsum, query_state, chunk_attention; expanse.torch.PowerAttention (a layer). Backends: backends(), devices(), set_default_backend(). Validation
 against the reference (and of the reference against a naive oracle): check().
 
 Non-finite inputs (NaN, or an infinity other than -inf in log_g, which is a reset) give non-finite
@@ -44,8 +45,8 @@ from ._errors import (BackendError, ExpanseError, InternalError, InvalidArgument
                       UnsupportedError, WorkspaceError)
 from ._backends import (BackendInfo, DeviceInfo, available_backends, backends, devices, get_default_backend,
                         set_default_backend)
-from ._ops import (chunk_attention, discumsum, power_attention, power_attention_step, query_state,
-                   sympow_expand, update_state)
+from ._ops import (chunk_attention, discumsum, power_attention, power_attention_backward, power_attention_step,
+                   query_state, sympow_expand, update_state)
 from ._check import CheckResult, TOLERANCES, check
 from ._finite import get_check_finite, set_check_finite
 
@@ -68,7 +69,8 @@ def expanded_dim(d: int, p: int = 2, layout: str = "sympow") -> int:
 
 
 __all__ = [
-    "power_attention", "power_attention_step", "sympow_expand", "update_state", "discumsum", "query_state",
+    "power_attention", "power_attention_backward", "power_attention_step", "sympow_expand", "update_state",
+    "discumsum", "query_state",
     "chunk_attention", "expanded_dim",
     "backends", "available_backends", "devices", "set_default_backend", "get_default_backend",
     "set_check_finite", "get_check_finite",

@@ -42,6 +42,13 @@ def power_attention(q: Array, k: Array, v: Array, log_g: Optional[Array] = None,
     """o [b, t, hq, e], or (o, (S [b, h, D, e], z [b, h, D] | None)) with output_final_state=True.
     chunk_size None or -1: chosen by the library; 0: quadratic; c >= 1: chunked."""
 
+def power_attention_backward(q: Array, k: Array, v: Array, log_g: Optional[Array], do: Array, *, p: int = 2,
+                             scale: Optional[float] = None, chunk_size: Optional[int] = None, normalize: bool = True,
+                             initial_state: Optional[State] = None, dfinal_state: Optional[State] = None,
+                             o: Optional[Array] = None, layout: str = "sympow", backend: Optional[str] = None,
+                             check_finite: Optional[bool] = None) -> Tuple[Any, ...]:
+    """(dq, dk, dv, dlog_g | None), and (dS0, dz0 | None) as a fifth item with initial_state."""
+
 def power_attention_step(q: Array, k: Array, v: Array, log_g: Optional[Array] = None, *, state: State,
                          p: int = 2, scale: Optional[float] = None, normalize: bool = True, layout: str = "sympow",
                          backend: Optional[str] = None, check_finite: Optional[bool] = None) -> Any:

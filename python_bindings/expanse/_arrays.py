@@ -103,11 +103,12 @@ class _Torch:
         if not x.requires_grad:
             return x
         torch = sys.modules["torch"]
-        # Forward only: expanse records no autograd graph, so a result computed from a tensor that
-        # requires grad would silently carry no gradient. Under torch.no_grad() no graph is wanted.
+        # An operation without a backward records no autograd graph, so its result would silently carry
+        # no gradient (power_attention reaches here only inside its autograd-registered operator,
+        # where gradients are off). Under torch.no_grad() no graph is wanted.
         if torch.is_grad_enabled():
-            raise UnsupportedError(f"{op}: argument '{name}' requires grad, but expanse has no backward pass yet; "
-                                   f"pass {name}.detach() to run without gradients")
+            raise UnsupportedError(f"{op}: argument '{name}' requires grad, but {op} has no backward pass yet "
+                                   f"(power_attention has one); pass {name}.detach() to run without gradients")
         return x.detach()  # a view of the same memory; DLPack refuses tensors that require grad
 
     @staticmethod
@@ -226,6 +227,11 @@ class _DLPack:
 
 
 _FRAMEWORKS = (_Numpy, _Torch, _Cupy, _DLPack)
+
+
+def is_torch(x):
+    """Whether x is a torch tensor (without importing torch)."""
+    return _Torch.matches(x)
 
 
 def framework_of(x):

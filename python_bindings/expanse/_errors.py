@@ -23,8 +23,8 @@ class InvalidArgumentError(ExpanseError, ValueError):
 
 class UnsupportedError(ExpanseError, NotImplementedError):
     """Valid input that the chosen backend does not implement; the message names the backend and
-    the reason (EXPANSE_ERROR_UNSUPPORTED). Also raised for a torch tensor that requires grad while
-    gradients are enabled: expanse has no backward pass yet. A NotImplementedError is a
+    the reason (EXPANSE_ERROR_UNSUPPORTED). Also raised for a torch tensor that requires grad (while
+    gradients are enabled) in an operation that has no backward pass yet. A NotImplementedError is a
     RuntimeError, which is what PyTorch raises for operations without autograd support."""
 
     status = "unsupported"

@@ -90,8 +90,9 @@ def power_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=None, no
     dtypes: q, k and v share one dtype: float16, bfloat16 or float32 on every backend, float64 on
     the reference. Arrays may be numpy arrays or DLPack tensors (torch, cupy, jax), with any
     non-negative strides; they are never copied, and GPU tensors are used on their device and the
-    framework's current stream. Forward only: a torch tensor that requires grad raises
-    expanse.UnsupportedError (while gradients are enabled; pass x.detach()).
+    framework's current stream. With torch tensors the call goes through the operator
+    torch.ops.expanse.power_attention: differentiable (the gradients of power_attention_backward
+    reach q, k, v, log_g and the initial state) and traced by torch.compile without a graph break.
 
     Returns:
         o [b, t, hq, e] in v's dtype, as an array of q's framework on q's device. With
@@ -117,6 +118,19 @@ def power_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=None, no
         >>> S.shape, z.shape                                                   # D = C(16+1, 2) = 136
         ((1, 4, 136, 16), (1, 4, 136))
     """
+    if _arrays.is_torch(q):
+        from . import _torch_ops
+        return _torch_ops.call_power_attention(
+            q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size, normalize=normalize, initial_state=initial_state,
+            output_final_state=output_final_state, layout=layout, backend=backend,
+            check_finite=_finite.resolve("power_attention", check_finite))
+    return _power_attention(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size, normalize=normalize,
+                            initial_state=initial_state, output_final_state=output_final_state, layout=layout,
+                            backend=backend, check_finite=check_finite)
+
+
+def _power_attention(q, k, v, log_g, *, p, scale, chunk_size, normalize, initial_state, output_final_state, layout,
+                     backend, check_finite):
     op = "power_attention"
     p = _params.degree(op, p)
     normalize = _params.flag(op, "normalize", normalize)
@@ -137,6 +151,66 @@ def power_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=None, no
     if output_final_state:
         return r["o"], (r["final_S"], r.get("final_z"))
     return r["o"]
+
+
+def power_attention_backward(q, k, v, log_g, do, *, p=2, scale=None, chunk_size=None, normalize=True,
+                             initial_state=None, dfinal_state=None, o=None, layout="sympow", backend=None,
+                             check_finite=None):
+    """The gradients of power_attention (docs/spec.md "Gradients"): of the loss
+    L = sum(do * o) + <dS, S_final> + <dz, z_final> with respect to q, k, v, log_g and the initial
+    state, for the forward power_attention(q, k, v, log_g, p=p, scale=scale, normalize=normalize,
+    initial_state=initial_state, layout=layout).
+
+    Args:
+        q, k, v, log_g, p, scale, chunk_size, normalize, initial_state, layout, backend,
+            check_finite: the forward's arguments (log_g may be None). chunk_size only picks the
+            form; the gradients do not depend on it.
+        do: the cotangent of the forward's output o [b, t, hq, e], in q's dtype (the C ABI's dout).
+        dfinal_state: optional cotangent (dS, dz) of the forward's final state (dz may be None, or
+            dS given alone); None: the final state was not used.
+        o: the forward's output, which normalize=True needs; None: computed here by a forward call
+            (pass the output you have to save that call). Ignored when normalize=False.
+
+    Returns:
+        (dq, dk, dv, dlog_g): gradients in the dtypes of q, k, v and float32 (float64 with float64
+        inputs) for dlog_g, which is None when log_g is None (0 at a reset, log_g = -inf). With
+        initial_state, a fifth item (dS0, dz0), dz0 None when the initial state has no z0.
+
+    Example::
+
+        >>> o = expanse.power_attention(q, k, v, log_g)
+        >>> dq, dk, dv, dlog_g = expanse.power_attention_backward(q, k, v, log_g, np.ones_like(o), o=o)
+
+    In PyTorch, expanse.power_attention is differentiable itself (it calls this through autograd).
+    """
+    op = "power_attention_backward"
+    if do is None:
+        raise TypeError(f"{op}: argument 'do' must be an array, got None")
+    p = _params.degree(op, p)
+    normalize = _params.flag(op, "normalize", normalize)
+    lay = _params.layout(op, layout)
+    S0, z0 = _state_pair(op, "initial_state", initial_state, required=False)
+    dS, dz = _state_pair(op, "dfinal_state", dfinal_state, required=False)
+    if normalize and o is None:
+        o = _power_attention(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size, normalize=True,
+                             initial_state=initial_state, output_final_state=False, layout=layout, backend=backend,
+                             check_finite=check_finite)
+    outputs = {"dq": "", "dk": "", "dv": ""}
+    if log_g is not None:
+        outputs["dlog_g"] = ""
+    if S0 is not None:
+        outputs["dinitial_S"] = _DtypeOf("initial_S")
+        if z0 is not None:
+            outputs["dinitial_z"] = _DtypeOf("initial_S")
+    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g, "initial_S": S0, "initial_z": z0,
+                   "o": o if normalize else None, "dout": do, "dfinal_S": dS, "dfinal_z": dz}, outputs,
+              backend=backend, required=("q", "k", "v", "dout"), check_finite=check_finite, p=p,
+              scale=_params.scale(op, scale), chunk_size=_params.auto_chunk_size(op, chunk_size),
+              normalize=normalize, layout=lay)
+    grads = (r["dq"], r["dk"], r["dv"], r.get("dlog_g"))
+    if S0 is not None:
+        return grads + ((r["dinitial_S"], r.get("dinitial_z")),)
+    return grads
 
 
 def power_attention_step(q, k, v, log_g=None, *, state, p=2, scale=None, normalize=True, layout="sympow",
@@ -321,6 +395,12 @@ def chunk_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=_params.
     r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g}, {"y": "", "l": "", "rowmax": ""}, backend=backend, required=("q", "k", "v"),
               check_finite=check_finite, p=p, scale=_params.scale(op, scale), chunk_size=c)
     return r["y"], r["l"], r["rowmax"]
+
+
+def _expanded_dim_of(d, p, layout):
+    """D for head dim d, degree p and a layout text (torch's fake tensors need it)."""
+    kind, d_tile = _params.layout("expanded_dim", layout)
+    return _expanse.expanded_dim(p, d, kind, d_tile)
 
 
 def _state_pair(op, name, state, *, required):

@@ -879,21 +879,77 @@ def test_torch_cpu_tensors(rng):
 
 @pytest.mark.parametrize("name", ["q", "k", "v", "log_g"])
 def test_torch_requires_grad_is_refused(rng, name):
-    """expanse has no backward pass: a tensor that requires grad is refused by name while gradients
-    are enabled (never silently detached), and runs under torch.no_grad()."""
+    """An operation without a backward (chunk_attention here) refuses a tensor that requires grad by
+    name while gradients are enabled (never silently detached), and runs under torch.no_grad()."""
     torch = pytest.importorskip("torch", reason="skipped: PyTorch is not installed")
     q, k, v = qkv(rng, 1, 12, 2, 2, 4, 3, np.float32)
     args = dict(q=torch.from_numpy(q), k=torch.from_numpy(k), v=torch.from_numpy(v),
                 log_g=torch.from_numpy(gates(rng, 1, 12, 2).astype(np.float32)))
     args[name].requires_grad_(True)
-    message = (f"power_attention: argument '{name}' requires grad, but expanse has no backward pass yet; "
-               f"pass {name}.detach() to run without gradients")
+    message = (f"chunk_attention: argument '{name}' requires grad, but chunk_attention has no backward pass yet "
+               f"(power_attention has one); pass {name}.detach() to run without gradients")
     with pytest.raises(expanse.UnsupportedError) as info:
-        expanse.power_attention(**args)
+        expanse.chunk_attention(**args, chunk_size=4)
     assert str(info.value) == message
     assert isinstance(info.value, NotImplementedError) and isinstance(info.value, RuntimeError)
     with torch.no_grad():
-        o = expanse.power_attention(**args)
-    assert not o.requires_grad
+        y, l, m = expanse.chunk_attention(**args, chunk_size=4)
+    assert not y.requires_grad
     args[name] = args[name].detach()
-    assert np.array_equal(expanse.power_attention(**args).numpy(), o.numpy())
+    assert np.array_equal(expanse.chunk_attention(**args, chunk_size=4)[0].numpy(), y.numpy())
+
+
+def _loss(q, k, v, log_g, do, dfinal, **kw):
+    """sum(do * o) + <dS, S_final> + <dz, z_final>, by the forward (the backward's definition)."""
+    o, (S, z) = expanse.power_attention(q, k, v, log_g, output_final_state=True, **kw)
+    return (do * o).sum() + (dfinal[0] * S).sum() + (dfinal[1] * z).sum()
+
+
+@pytest.mark.parametrize("chunk_size", [0, 5])
+def test_power_attention_backward_is_the_gradient_of_the_forward(rng, chunk_size):
+    """Every gradient against central differences of the forward (f64, reference), with grouped
+    heads, gates, an initial state and a cotangent of the final state."""
+    b, t, hq, h, d, e = 1, 11, 4, 2, 3, 2
+    q, k, v = qkv(rng, b, t, hq, h, d, e)
+    log_g = gates(rng, b, t, h)
+    D = expanse.expanded_dim(d, p=2)
+    S0, z0 = rng.standard_normal((b, h, D, e)), rng.uniform(1, 2, (b, h, D))
+    do, dS, dz = rng.standard_normal((b, t, hq, e)), rng.standard_normal((b, h, D, e)), rng.standard_normal((b, h, D))
+    kw = dict(chunk_size=chunk_size, initial_state=(S0, z0))
+    dq, dk, dv, dlog_g, (dS0, dz0) = expanse.power_attention_backward(q, k, v, log_g, do, dfinal_state=(dS, dz), **kw)
+    inputs = dict(q=q, k=k, v=v, log_g=log_g, S0=S0, z0=z0)
+    grads = dict(q=dq, k=dk, v=dv, log_g=dlog_g, S0=dS0, z0=dz0)
+    for name, x in inputs.items():
+        numeric = np.zeros_like(x)
+        for i in np.ndindex(x.shape):
+            moved = {n: a.copy() for n, a in inputs.items()}
+            moved[name][i] += 1e-6
+            up = _loss(moved["q"], moved["k"], moved["v"], moved["log_g"], do, (dS, dz), chunk_size=chunk_size,
+                       initial_state=(moved["S0"], moved["z0"]))
+            moved[name][i] -= 2e-6
+            down = _loss(moved["q"], moved["k"], moved["v"], moved["log_g"], do, (dS, dz), chunk_size=chunk_size,
+                         initial_state=(moved["S0"], moved["z0"]))
+            numeric[i] = (up - down) / 2e-6
+        assert grads[name].shape == x.shape and grads[name].dtype == np.float64
+        assert naive.rel_error(grads[name], numeric) <= 1e-7, name
+
+
+def test_power_attention_backward_outputs_and_errors(rng):
+    """dlog_g is None without gates; no fifth item without an initial state; o is computed when not
+    given (normalize=True) and unused when normalize=False; errors name the argument."""
+    q, k, v = qkv(rng, 1, 9, 2, 2, 4, 3, np.float32)
+    do = rng.standard_normal((1, 9, 2, 3)).astype(np.float32)
+    r = expanse.power_attention_backward(q, k, v, None, do)
+    assert len(r) == 4 and r[3] is None and r[0].dtype == np.float32 and r[0].shape == q.shape
+    o = expanse.power_attention(q, k, v)
+    given = expanse.power_attention_backward(q, k, v, None, do, o=o)
+    for a, b in zip(r[:3], given[:3]):
+        assert np.array_equal(a, b)
+    unnormalized = expanse.power_attention_backward(q, k, v, None, do, normalize=False, p=3)
+    assert all(np.isfinite(x).all() for x in unnormalized[:3])
+    with pytest.raises(TypeError, match="power_attention_backward: argument 'do' must be an array"):
+        expanse.power_attention_backward(q, k, v, None, None)
+    with pytest.raises(expanse.InvalidArgumentError, match="power_attention_backward: argument 'dout'"):
+        expanse.power_attention_backward(q, k, v, None, do[:, :5])
+    with pytest.raises(expanse.InvalidArgumentError, match="power_attention_backward: argument 'o'"):
+        expanse.power_attention_backward(q, k, v, None, do, o=o[..., :2])
