@@ -17,8 +17,8 @@ CaseOptions::CaseOptions(CLI::App* cmd) {
   add("--e", e_, "E", "value head dim")->check(dim);
   add("--p", p_, "P", "degree of the power")->check(in_range(1, 16));
   add("--chunk_size,--chunk", chunk_, "C",
-      "chunk size; power_attention: auto (default: the library picks the form\n"
-      "and size by t and backend), 0 (the quadratic form) or C; other ops: C\n"
+      "chunk size; power_attention(_backward): auto (default: the library picks\n"
+      "the form and size by t and backend), 0 (the quadratic form) or C; other ops: C\n"
       "(chunk_attention 0: one chunk)");
   add("--layout", layout_, "L", "sympow, tensor or tiled:N");
   add("--dtype", dtype_, "T", "f32, bf16, f16 or f64");
@@ -46,9 +46,11 @@ expanse::harness::op_config CaseOptions::apply(expanse_op_kind op, expanse::harn
   c.d = d_.value_or(c.d);
   c.e = e_.value_or(c.e);
   c.p = p_.value_or(c.p);
-  const bool attention = op == expanse::ops::power_attention;
-  if (chunk_) c.c = parse_chunk(*chunk_, "--chunk_size", /*allow_auto=*/attention);
-  else if (attention) c.c = EXPANSE_CHUNK_AUTO;  // the library's default
+  bool auto_chunk = false;  // an op whose chunk size the library chooses by default (the table says)
+  for (const expanse_param_info& param : expanse::params(op))
+    auto_chunk = auto_chunk || (std::string(param.name) == "chunk_size" && param.default_value == EXPANSE_CHUNK_AUTO);
+  if (chunk_) c.c = parse_chunk(*chunk_, "--chunk_size", /*allow_auto=*/auto_chunk);
+  else if (auto_chunk) c.c = EXPANSE_CHUNK_AUTO;  // the library's default
   if (layout_) c.layout = parse_layout(*layout_, "--layout");
   if (dtype_) c.dtype = parse_dtype(*dtype_, "--dtype");
   c.gated = gated_.value_or(c.gated);

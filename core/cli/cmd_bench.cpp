@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -30,7 +31,8 @@ const char kAbout[] =
     "timed is shown there.\n"
     "Defaults are config P1 of docs/performance.md: b=1, h=hq=8, d=e=64, p=2, bf16, gated, t=4096,\n"
     "chunk 128; power_attention's chunk is auto (the library's choice, run untimed once to read it;\n"
-    "the JSON gives the chunk size that ran and chunk_auto 1).\n";
+    "the JSON gives the chunk size that ran and chunk_auto 1). power_attention_backward is timed three\n"
+    "ways, one line each with \"pass\": its forward (fwd), itself (bwd) and both in a row (fwd+bwd).\n";
 
 // x to 6 significant digits: timings and rates, without the noise of float-to-double conversion.
 double significant6(double x) {
@@ -56,6 +58,14 @@ double flop_count(const h::op_config& c) {
       if (c.c == 0) return tokens * c.hq * intra;
       return tokens * (c.h * state + c.hq * state + c.hq * intra);
     case expanse::ops::power_attention_step: return double(c.b) * (c.h * state + c.hq * state);
+    case expanse::ops::power_attention_backward: {
+      // The chunked backward of docs/spec.md: the forward states again (h), the cotangent states (hq),
+      // dq from the states (hq), dk and dv from the cotangent states (2h); inside the chunks the scores
+      // again, dnum . v, dq, dk (3 d) and dnum . v, dv (2 e) over the causal half.
+      const double intra_bwd = chunk * double(3 * c.d + 2 * c.e);
+      if (c.c == 0) return tokens * c.hq * intra_bwd;
+      return tokens * (3 * c.h * state + 2 * c.hq * state + c.hq * intra_bwd);
+    }
     case EXPANSE_OP_COUNT: break;
   }
   return 0;
@@ -70,20 +80,58 @@ size_t input_bytes(const h::tensor_map& inputs) {
   return n;
 }
 
-// Cycles through the prepared input sets, one run each call.
-struct rotation {
-  std::vector<std::unique_ptr<h::prepared_run>>* runs;
-  size_t index;
-  std::string failure;  // an error inside the timed callback (exceptions must not cross the plugin)
-  void next() { (*runs)[index++ % runs->size()]->execute(); }
+// Calls `step` from inside the timer (exceptions must not cross the plugin: the first one is kept).
+struct timed_step {
+  std::function<void()> step;
+  std::string failure;
   static void call(void* self) {
-    rotation& r = *static_cast<rotation*>(self);
+    timed_step& r = *static_cast<timed_step*>(self);
     try {
-      if (r.failure.empty()) r.next();
+      if (r.failure.empty()) r.step();
     } catch (const std::exception& e) {
       r.failure = e.what();
     }
   }
+};
+
+// Times `step` `reps` times after `warmup` untimed calls: with the backend's device events where it
+// has them (device_timer), else with a host clock to completion. Sorted, in ms.
+std::vector<double> time_step(expanse::context& ctx, const std::function<void()>& step, int warmup, int reps,
+                              bool& device_timer) {
+  for (int i = 0; i < warmup; ++i) step();
+  ctx.synchronize();
+  timed_step ts{step, {}};
+  std::vector<float> device_ms(static_cast<size_t>(reps));
+  const expanse_status timed = expanse_time_runs(ctx.get(), &timed_step::call, &ts, reps, device_ms.data());
+  if (timed != EXPANSE_OK && timed != EXPANSE_ERROR_UNSUPPORTED) throw expanse::error(timed, expanse_last_error());
+  if (!ts.failure.empty()) throw std::runtime_error(ts.failure);
+  device_timer = timed == EXPANSE_OK;
+  std::vector<double> ms(device_ms.begin(), device_ms.end());
+  if (!device_timer) {
+    ms.clear();
+    for (int i = 0; i < reps; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      step();
+      ctx.synchronize();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
+// Up to kInputSets prepared runs of cfg, cycled by next() (several when they fit in the L2 cache
+// together, so that a run does not find the previous run's inputs cached).
+struct input_sets {
+  std::vector<std::unique_ptr<h::prepared_run>> runs;
+  size_t index = 0;
+  input_sets(expanse::context& ctx, const h::op_config& cfg, uint64_t seed) {
+    const size_t set_bytes = input_bytes(h::make_inputs(cfg, seed, /*consistent=*/false));
+    const int sets = set_bytes * kInputSets <= kL2Bytes ? kInputSets : 1;
+    for (int s = 0; s < sets; ++s)
+      runs.push_back(std::make_unique<h::prepared_run>(ctx, cfg, h::make_inputs(cfg, seed + s, false), false));
+  }
+  void next() { runs[index++ % runs.size()]->execute(); }
 };
 
 // The chunk size power_attention runs with: the backend's choice for auto, read from the arguments
@@ -133,47 +181,44 @@ int bench(const BenchOptions& o, const CaseOptions& case_options) {
     progress.show(ti, std::string(expanse_op_name(op)) + " t=" + std::to_string(cfg.t) + ": " +
                           std::to_string(warmup) + " warm-up and " + std::to_string(reps) + " timed runs");
     h::validate_case(ctx, cfg);  // a bad case fails before its inputs are drawn
-    // Several input sets, cycled, when they fit in the L2 cache together (so a run does not find
-    // the previous run's inputs cached); one set otherwise.
-    const size_t set_bytes = input_bytes(h::make_inputs(cfg, seed, /*consistent=*/false));
-    const int sets = set_bytes * kInputSets <= kL2Bytes ? kInputSets : 1;
-    std::vector<std::unique_ptr<h::prepared_run>> runs;
-    for (int s = 0; s < sets; ++s)
-      runs.push_back(std::make_unique<h::prepared_run>(ctx, cfg, h::make_inputs(cfg, seed + s, false), false));
+    input_sets sets(ctx, cfg, seed);
     h::op_config ran = cfg;  // with the chunk size that runs, for the FLOP count and the JSON
-    ran.c = resolved_chunk(ctx, *runs.front(), cfg);
-    rotation rot{&runs, 0, {}};
-    for (int i = 0; i < warmup; ++i) rot.next();
-    ctx.synchronize();
-    std::vector<float> device_ms(static_cast<size_t>(reps));
-    const expanse_status timed = expanse_time_runs(ctx.get(), &rotation::call, &rot, reps, device_ms.data());
-    if (timed != EXPANSE_OK && timed != EXPANSE_ERROR_UNSUPPORTED) throw expanse::error(timed, expanse_last_error());
-    if (!rot.failure.empty()) throw std::runtime_error(rot.failure);
-    const bool device_timer = timed == EXPANSE_OK;
-    std::vector<double> ms;
-    if (device_timer) {
-      ms.assign(device_ms.begin(), device_ms.end());
+    ran.c = resolved_chunk(ctx, *sets.runs.front(), cfg);
+    // A backward is timed three ways: its forward, itself, and both in a row (a training step's).
+    // Its chunk size is read from its forward's (the backend's rule sees the same problem).
+    std::vector<std::pair<const char*, std::function<void()>>> passes;
+    std::unique_ptr<input_sets> forward_sets;
+    h::op_config fwd = cfg;
+    if (op == expanse::ops::power_attention_backward) {
+      fwd.op = expanse::ops::power_attention;
+      forward_sets = std::make_unique<input_sets>(ctx, fwd, seed);
+      ran.c = fwd.c = resolved_chunk(ctx, *forward_sets->runs.front(), fwd);
+      passes = {{"fwd", [&] { forward_sets->next(); }},
+                {"bwd", [&] { sets.next(); }},
+                {"fwd+bwd", [&] { forward_sets->next(); sets.next(); }}};
     } else {
-      for (int i = 0; i < reps; ++i) {
-        const auto start = std::chrono::steady_clock::now();
-        rot.next();
-        ctx.synchronize();
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-      }
+      passes = {{"", [&] { sets.next(); }}};
     }
-    std::sort(ms.begin(), ms.end());
-    const double median = ms[ms.size() / 2], flops = flop_count(ran);
     progress.clear();
-    const nlohmann::ordered_json line = {
-        {"op", expanse_op_name(op)}, {"backend", backend}, {"device", std::string(info.name)},
-        {"version", expanse_version()}, {"config", cfg.label()}, {"b", cfg.b}, {"t", cfg.t}, {"hq", cfg.hq},
-        {"h", cfg.h}, {"d", cfg.d}, {"e", cfg.e}, {"p", cfg.p}, {"chunk", ran.c},
-        {"chunk_auto", int(cfg.c == EXPANSE_CHUNK_AUTO)}, {"dtype", expanse_dtype_name(cfg.dtype)},
-        {"gated", int(cfg.gated)}, {"median_ms", significant6(median)}, {"min_ms", significant6(ms.front())},
-        {"reps", reps}, {"flop", flops}, {"tflops", significant6(flops / (median * 1e-3) / 1e12)},
-        {"timer", device_timer ? "device events" : "host clock"}, {"input_sets", sets}};
-    std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    std::fflush(stdout);
+    for (const auto& [pass, step] : passes) {
+      bool device_timer = false;
+      const std::vector<double> ms = time_step(ctx, step, warmup, reps, device_timer);
+      const std::string name = pass;
+      const double median = ms[ms.size() / 2];
+      const double flops = name == "fwd" ? flop_count(fwd) : name == "fwd+bwd" ? flop_count(fwd) + flop_count(ran)
+                                                                                : flop_count(ran);
+      nlohmann::ordered_json line = {
+          {"op", expanse_op_name(op)}, {"backend", backend}, {"device", std::string(info.name)},
+          {"version", expanse_version()}, {"config", cfg.label()}, {"b", cfg.b}, {"t", cfg.t}, {"hq", cfg.hq},
+          {"h", cfg.h}, {"d", cfg.d}, {"e", cfg.e}, {"p", cfg.p}, {"chunk", ran.c},
+          {"chunk_auto", int(cfg.c == EXPANSE_CHUNK_AUTO)}, {"dtype", expanse_dtype_name(cfg.dtype)},
+          {"gated", int(cfg.gated)}, {"median_ms", significant6(median)}, {"min_ms", significant6(ms.front())},
+          {"reps", reps}, {"flop", flops}, {"tflops", significant6(flops / (median * 1e-3) / 1e12)},
+          {"timer", device_timer ? "device events" : "host clock"}, {"input_sets", int(sets.runs.size())}};
+      if (!name.empty()) line["pass"] = name;
+      std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      std::fflush(stdout);
+    }
   }
   return 0;
 }
