@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "reference/causal_pairs.hpp"
 #include "reference/common.hpp"
 #include "reference/ops.hpp"
 
@@ -68,6 +69,43 @@ void chunk_attention(const expanse_problem& pb, const expanse_chunk_attention_ar
     scatter_tokens(*args.y, bi, qh, ch.first + i0, y);
     if (args.l != nullptr) scatter_token_scalars(*args.l, bi, qh, ch.first + i0, l);
     if (args.rowmax != nullptr) scatter_token_scalars(*args.rowmax, bi, qh, ch.first + i0, rowmax);
+  });
+}
+
+}  // namespace expanse_ref
+
+namespace expanse_ref {
+
+// chunk_attention_backward (docs/spec.md "Gradients"): with rowmax held at the forward's value, y_i
+// and l_i are exp(-rowmax_i) times the chunk's causal numerator and denominator, so the pairs'
+// gradients of causal_pairs.hpp apply with dnum_i = exp(-rowmax_i) dy_i, dden_i = exp(-rowmax_i) dl_i.
+void chunk_attention_backward(const expanse_problem& pb, const expanse_chunk_attention_backward_args& a) {
+  const int64_t c = chunk_size_of(pb), group = pb.hq / pb.h;
+  // One task per (batch, kv head, chunk): dk, dv and the gates' gradient sum over its query heads.
+  parallel_for_index(pb.b * pb.h * pb.n, [&](int64_t task) {
+    const int64_t m = task % pb.n, kv = (task / pb.n) % pb.h, bi = task / (pb.n * pb.h);
+    const ChunkRange ch = chunk_range(m, c, pb.t);
+    const Vector log_g = gather_log_g(a.log_g, bi, kv, ch.first, ch.len);
+    const PrefixSum Gc(log_g);
+    const RowMatrix K = gather_tokens(*a.k, bi, kv, ch.first, ch.len);
+    const RowMatrix V = gather_tokens(*a.v, bi, kv, ch.first, ch.len);
+    RowMatrix dK = RowMatrix::Zero(ch.len, pb.d), dV = RowMatrix::Zero(ch.len, pb.e);
+    Vector dG = Vector::Zero(ch.len);
+    for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh) {
+      const RowMatrix Qs = pb.scale * gather_tokens(*a.q, bi, qh, ch.first, ch.len);
+      const Vector rowmax = gather_token_scalars(*a.rowmax, bi, qh, ch.first, ch.len);
+      Vector unscale(ch.len);
+      for (int64_t i = 0; i < ch.len; ++i) unscale(i) = std::exp(-rowmax(i));
+      const RowMatrix dnum = unscale.asDiagonal() * gather_tokens(*a.dy, bi, qh, ch.first, ch.len);
+      const Vector dden = a.dl ? Vector(unscale.cwiseProduct(gather_token_scalars(*a.dl, bi, qh, ch.first, ch.len)))
+                               : Vector(Vector::Zero(ch.len));
+      RowMatrix dQs = RowMatrix::Zero(ch.len, pb.d);
+      add_causal_gradients(Qs, K, V, Gc, pb.p, dnum, dden, dQs, dK, dV, dG);
+      scatter_tokens(*a.dq, bi, qh, ch.first, pb.scale * dQs);
+    }
+    scatter_tokens(*a.dk, bi, kv, ch.first, dK);
+    scatter_tokens(*a.dv, bi, kv, ch.first, dV);
+    if (a.dlog_g) scatter_token_scalars(*a.dlog_g, bi, kv, ch.first, reverse_cumsum_by_segment(dG, log_g));
   });
 }
 

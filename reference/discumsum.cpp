@@ -57,3 +57,36 @@ void discumsum(const expanse_problem& pb, const expanse_discumsum_args& args) {
 }
 
 }  // namespace expanse_ref
+
+namespace expanse_ref {
+
+// discumsum_backward (docs/spec.md "Gradients"): with G_m the whole cotangent of Y_m,
+//   G_n = dY_n,  G_m = dY_m + exp(A_m) G_{m+1};  dX_m = G_{m+1},  dA_m = exp(A_m) <G_{m+1}, Y_m>,
+//   dY_init = G_0; Y recomputed. One task per (batch, head): dA_m sums over its elements.
+void discumsum_backward(const expanse_problem& pb, const expanse_discumsum_backward_args& args) {
+  const expanse_tensor &X = *args.X, &A = *args.A, &dY = *args.dY, &dX = *args.dX;
+  parallel_for_index(pb.b * pb.h, [&](int64_t task) {
+    const int64_t hi = task % pb.h, bi = task / pb.h;
+    std::vector<double> decay(size_t(pb.n)), dA(size_t(pb.n), 0.0), Y(size_t(pb.n + 1));
+    for (int64_t m = 0; m < pb.n; ++m) decay[size_t(m)] = std::exp(read_element(A, element_offset(A, {bi, m, hi})));
+    for (int64_t r = 0; r < pb.rows; ++r) {
+      const int64_t x_off = trailing_offset(X, 3, r), dy_off = trailing_offset(dY, 3, r);
+      Y[0] = args.Y_init ? read_element(*args.Y_init, element_offset(*args.Y_init, {bi, hi}) + trailing_offset(*args.Y_init, 2, r))
+                         : 0.0;
+      for (int64_t m = 0; m < pb.n; ++m)
+        Y[size_t(m + 1)] = decay[size_t(m)] * Y[size_t(m)] + read_element(X, element_offset(X, {bi, m, hi}) + x_off);
+      double G = read_element(dY, element_offset(dY, {bi, pb.n, hi}) + dy_off);
+      for (int64_t m = pb.n - 1; m >= 0; --m) {
+        write_element(dX, element_offset(dX, {bi, m, hi}) + trailing_offset(dX, 3, r), G);
+        if (decay[size_t(m)] != 0.0) dA[size_t(m)] += decay[size_t(m)] * G * Y[size_t(m)];
+        G = read_element(dY, element_offset(dY, {bi, m, hi}) + dy_off) + decay[size_t(m)] * G;
+      }
+      if (args.dY_init)
+        write_element(*args.dY_init, element_offset(*args.dY_init, {bi, hi}) + trailing_offset(*args.dY_init, 2, r), G);
+    }
+    if (args.dA)
+      for (int64_t m = 0; m < pb.n; ++m) write_element(*args.dA, element_offset(*args.dA, {bi, m, hi}), dA[size_t(m)]);
+  });
+}
+
+}  // namespace expanse_ref

@@ -19,6 +19,10 @@ void chunk_attention(const expanse_problem& pb, const expanse_chunk_attention_ar
 void power_attention(const expanse_problem& pb, const expanse_power_attention_args& args);
 void power_attention_step(const expanse_problem& pb, const expanse_power_attention_step_args& args);
 void power_attention_backward(const expanse_problem& pb, const expanse_power_attention_backward_args& args);
+void update_state_backward(const expanse_problem& pb, const expanse_update_state_backward_args& args);
+void discumsum_backward(const expanse_problem& pb, const expanse_discumsum_backward_args& args);
+void query_state_backward(const expanse_problem& pb, const expanse_query_state_backward_args& args);
+void chunk_attention_backward(const expanse_problem& pb, const expanse_chunk_attention_backward_args& args);
 
 }  // namespace expanse_ref
 

@@ -23,26 +23,13 @@
 #include <stdexcept>
 #include <vector>
 
+#include "reference/causal_pairs.hpp"
 #include "reference/common.hpp"
 #include "reference/ops.hpp"
 #include "reference/sympow.hpp"
 
 namespace expanse_ref {
 namespace {
-
-// The causal pairs of query rows i0 .. i0 + rows - 1 of a chunk with its keys j <= i:
-// dots(r, j) = scale q_i . k_j and decay(r, j) = exp(Gc_i - Gc_j) (0 for j > i).
-struct causal_block {
-  RowMatrix dots, decay;
-  causal_block(const Eigen::Ref<const RowMatrix>& Qs, const RowMatrix& K, const PrefixSum& Gc, int64_t i0)
-      : dots(Qs * K.topRows(i0 + Qs.rows()).transpose()), decay(RowMatrix::Zero(dots.rows(), dots.cols())) {
-    for (int64_t r = 0; r < dots.rows(); ++r)
-      for (int64_t j = 0; j <= i0 + r; ++j) decay(r, j) = std::exp(Gc.diff(i0 + r, j));
-  }
-  int64_t keys() const { return dots.cols(); }
-  // A_ij = (scale q_i . k_j)^p exp(Gc_i - Gc_j).
-  double score(int64_t r, int64_t j, int p) const { return decay(r, j) == 0.0 ? 0.0 : ipow(dots(r, j), p) * decay(r, j); }
-};
 
 // The cotangents of one query head's numerators and denominators in one chunk (see the top).
 struct query_cotangents {
@@ -55,13 +42,7 @@ query_cotangents cotangents(const expanse_problem& pb, const expanse_power_atten
                             const RowMatrix& K, const PrefixSum& Gc, const Vector& decay, const Vector& z) {
   query_cotangents c{gather_tokens(*a.dout, bi, qh, ch.first, ch.len), Vector::Zero(ch.len)};
   if (!pb.normalize) return c;
-  Vector den = decay.cwiseProduct(phiQ * z);  // the state's part, then the causal pairs'
-  for (int64_t i0 = 0; i0 < ch.len; i0 += kRowBlock) {
-    const int64_t rows = std::min(kRowBlock, ch.len - i0);
-    const causal_block blk(Qs.middleRows(i0, rows), K, Gc, i0);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j <= i0 + r; ++j) den(i0 + r) += blk.score(r, j, pb.p);
-  }
+  const Vector den = decay.cwiseProduct(phiQ * z) + causal_row_sums(Qs, K, Gc, pb.p);  // state + pairs
   const RowMatrix O = gather_tokens(*a.o, bi, qh, ch.first, ch.len);
   for (int64_t i = 0; i < ch.len; ++i) {
     if (den(i) == 0.0) {  // o_i = 0 there, whatever the inputs: no gradient flows
@@ -129,29 +110,9 @@ void power_attention_backward(const expanse_problem& pb, const expanse_power_att
         // The state entering the chunk: dphi(scale q_i) = exp(Gc_i) (S_m dnum_i + z_m dden_i).
         const RowMatrix dPhiQ = decay.asDiagonal() * (ct.dnum * Sm.transpose() + ct.dden * zm.transpose());
         dGc += phiQ.cwiseProduct(dPhiQ).rowwise().sum();
-        RowMatrix dQ = pb.scale * phi.pullback_rows(Qs, dPhiQ);
-
-        // The causal pairs: A_ij = dot_ij^p exp(Gc_i - Gc_j) meets M_ij = dnum_i . v_j + dden_i.
-        for (int64_t i0 = 0; i0 < ch.len; i0 += kRowBlock) {
-          const int64_t rows = std::min(kRowBlock, ch.len - i0);
-          const causal_block blk(Qs.middleRows(i0, rows), K, Gc, i0);
-          const int64_t keys = blk.keys();
-          const RowMatrix M = ct.dnum.middleRows(i0, rows) * V.topRows(keys).transpose();
-          RowMatrix A = RowMatrix::Zero(rows, keys), B = RowMatrix::Zero(rows, keys);  // B = dL/d dot_ij
-          for (int64_t r = 0; r < rows; ++r)
-            for (int64_t j = 0; j <= i0 + r; ++j) {
-              if (blk.decay(r, j) == 0.0) continue;
-              const double m_ij = M(r, j) + ct.dden(i0 + r);
-              A(r, j) = blk.score(r, j, pb.p);
-              B(r, j) = pb.p * ipow(blk.dots(r, j), pb.p - 1) * blk.decay(r, j) * m_ij;
-              dGc(i0 + r) += A(r, j) * m_ij;
-              dGc(j) -= A(r, j) * m_ij;
-            }
-          dQ.middleRows(i0, rows) += pb.scale * (B * K.topRows(keys));
-          dK.topRows(keys) += B.transpose() * Qs.middleRows(i0, rows);
-          dV.topRows(keys) += A.transpose() * ct.dnum.middleRows(i0, rows);
-        }
-        scatter_tokens(*a.dq, bi, qh, ch.first, dQ);
+        RowMatrix dQs = phi.pullback_rows(Qs, dPhiQ);  // w.r.t. scale q; the chain rule's scale below
+        add_causal_gradients(Qs, K, V, Gc, pb.p, ct.dnum, ct.dden, dQs, dK, dV, dGc);
+        scatter_tokens(*a.dq, bi, qh, ch.first, pb.scale * dQs);
         dYq += phiQ.transpose() * (decay.asDiagonal() * ct.dnum);
         dZq += phiQ.transpose() * decay.cwiseProduct(ct.dden);
       }
@@ -172,20 +133,8 @@ void power_attention_backward(const expanse_problem& pb, const expanse_power_att
     if (a.dinitial_S) scatter_state(*a.dinitial_S, {bi, kv}, dY);
     if (a.dinitial_z) scatter_state_vector(*a.dinitial_z, {bi, kv}, dZ);
 
-    if (a.dlog_g) {  // the reverse cumsum of dG within each segment between resets
-      const Vector log_g = gather_log_g(a.log_g, bi, kv, 0, pb.t);
-      Vector dlog_g(pb.t);
-      double sum = 0.0;
-      for (int64_t l = pb.t - 1; l >= 0; --l) {
-        if (log_g(l) == -std::numeric_limits<double>::infinity()) {
-          dlog_g(l) = sum = 0.0;  // a reset: the decays across it are 0 for any nearby log_g
-        } else {
-          sum += dG(l);
-          dlog_g(l) = sum;
-        }
-      }
-      scatter_token_scalars(*a.dlog_g, bi, kv, 0, dlog_g);
-    }
+    if (a.dlog_g)
+      scatter_token_scalars(*a.dlog_g, bi, kv, 0, reverse_cumsum_by_segment(dG, gather_log_g(a.log_g, bi, kv, 0, pb.t)));
   });
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "reference/causal_pairs.hpp"
 #include "reference/common.hpp"
 #include "reference/ops.hpp"
 #include "reference/sympow.hpp"
@@ -55,6 +56,69 @@ void query_state(const expanse_problem& pb, const expanse_query_state_args& args
 
     if (pb.normalize) divide_rows(num, den);
     scatter_tokens(*args.o, bi, qh, ch.first, num);
+  });
+}
+
+}  // namespace expanse_ref
+
+namespace expanse_ref {
+
+// query_state_backward (docs/spec.md "Gradients"): per query i of chunk m, with den_i recomputed
+// and dnum_i, dden_i as in power_attention_backward,
+//   dq_i = scale J_phi(scale q_i)^T [exp(Gc_i) (S_m dnum_i + z_m dden_i)]
+//   dS_m = sum_{heads, i in m} exp(Gc_i) phi(scale q_i) dnum_i^T      (dz_m likewise with dden_i)
+//   dy_i = exp(rowmax_i) dnum_i,  dl_i = exp(rowmax_i) dden_i          (rowmax: no gradient)
+//   dlog_g_l = sum_{heads, i >= l in m} phi(scale q_i) . dphi(scale q_i)  (Gc_i holds log_g_l for l <= i)
+void query_state_backward(const expanse_problem& pb, const expanse_query_state_backward_args& a) {
+  const FeatureMap phi(pb.p, pb.d, pb.layout);
+  if (phi.D() != pb.D) throw std::logic_error("reference: query_state_backward D mismatch");
+  const bool intra = a.y != nullptr;
+  const int64_t group = pb.hq / pb.h;
+  // One task per (batch, kv head, chunk): the state gradients sum over the kv head's query heads.
+  parallel_for_index(pb.b * pb.h * pb.n, [&](int64_t task) {
+    const int64_t m = task % pb.n, kv = (task / pb.n) % pb.h, bi = task / (pb.n * pb.h);
+    const ChunkRange ch = chunk_range(m, chunk_size_of(pb), pb.t);
+    const Vector log_g = gather_log_g(a.log_g, bi, kv, ch.first, ch.len);
+    const PrefixSum Gc(log_g);
+    Vector decay(ch.len);
+    for (int64_t i = 0; i < ch.len; ++i) decay(i) = std::exp(Gc.at(i));
+    const RowMatrix S = gather_state(*a.S, {bi, m, kv});
+    const Vector z = a.z ? gather_state_vector(*a.z, {bi, m, kv}) : Vector::Zero(pb.D);
+    RowMatrix dS = RowMatrix::Zero(pb.D, pb.e);
+    Vector dz = Vector::Zero(pb.D), dG = Vector::Zero(ch.len);
+    for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh) {
+      const RowMatrix Qs = pb.scale * gather_tokens(*a.q, bi, qh, ch.first, ch.len);
+      const RowMatrix phiQ = phi.expand_rows(Qs);
+      RowMatrix dnum = gather_tokens(*a.dout, bi, qh, ch.first, ch.len);
+      Vector dden = Vector::Zero(ch.len), scale_intra = Vector::Zero(ch.len);
+      if (intra) {
+        const Vector rowmax = gather_token_scalars(*a.rowmax, bi, qh, ch.first, ch.len);
+        for (int64_t i = 0; i < ch.len; ++i) scale_intra(i) = std::exp(rowmax(i));
+      }
+      if (pb.normalize) {
+        Vector den = decay.cwiseProduct(phiQ * z);
+        if (intra) den += scale_intra.cwiseProduct(gather_token_scalars(*a.l, bi, qh, ch.first, ch.len));
+        const RowMatrix O = gather_tokens(*a.o, bi, qh, ch.first, ch.len);
+        for (int64_t i = 0; i < ch.len; ++i) {
+          if (den(i) == 0.0) {
+            dnum.row(i).setZero();
+            continue;
+          }
+          dden(i) = -dnum.row(i).dot(O.row(i)) / den(i);
+          dnum.row(i) /= den(i);
+        }
+      }
+      const RowMatrix dPhiQ = decay.asDiagonal() * (dnum * S.transpose() + dden * z.transpose());
+      dG += phiQ.cwiseProduct(dPhiQ).rowwise().sum();
+      scatter_tokens(*a.dq, bi, qh, ch.first, pb.scale * phi.pullback_rows(Qs, dPhiQ));
+      dS += phiQ.transpose() * (decay.asDiagonal() * dnum);
+      dz += phiQ.transpose() * decay.cwiseProduct(dden);
+      if (a.dy) scatter_tokens(*a.dy, bi, qh, ch.first, scale_intra.asDiagonal() * dnum);
+      if (a.dl) scatter_token_scalars(*a.dl, bi, qh, ch.first, scale_intra.cwiseProduct(dden));
+    }
+    scatter_state(*a.dS, {bi, m, kv}, dS);
+    if (a.dz) scatter_state_vector(*a.dz, {bi, m, kv}, dz);
+    if (a.dlog_g) scatter_token_scalars(*a.dlog_g, bi, kv, ch.first, reverse_cumsum_by_segment(dG, log_g));
   });
 }
 

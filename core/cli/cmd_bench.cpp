@@ -66,6 +66,16 @@ double flop_count(const h::op_config& c) {
       if (c.c == 0) return tokens * c.hq * intra_bwd;
       return tokens * (3 * c.h * state + 2 * c.hq * state + c.hq * intra_bwd);
     }
+    // The core operations' backwards: two state products each (update_state: dk, dv; query_state: dq,
+    // dS), discumsum twice over (dX, dA), and the pairs' five products.
+    case expanse::ops::update_state_backward: return 2 * tokens * c.h * state;
+    case expanse::ops::discumsum_backward: {
+      h::op_config forward = c;
+      forward.op = expanse::ops::discumsum;
+      return 2 * flop_count(forward);
+    }
+    case expanse::ops::query_state_backward: return 2 * tokens * c.hq * state;
+    case expanse::ops::chunk_attention_backward: return tokens * c.hq * chunk * double(3 * c.d + 2 * c.e);
     case EXPANSE_OP_COUNT: break;
   }
   return 0;

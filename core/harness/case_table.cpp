@@ -2,6 +2,8 @@
 // d and e not powers of two), every p and layout, every dtype, gating on and off, grouped heads.
 #include "cases.hpp"
 
+#include <string>
+
 namespace expanse::harness {
 namespace {
 
@@ -201,6 +203,24 @@ std::vector<op_config> standard_cases() {
   for (expanse_dtype dt : dtypes) {
     op_config c = base(expanse::ops::power_attention_step);
     c.b = 3; c.hq = 2; c.h = 2; c.d = 32; c.e = 32; c.t = 1; c.dtype = dt; c.layout = tiled(8);
+    cases.push_back(c);
+  }
+
+  // The core operations' backwards: each forward case of update_state, discumsum, query_state and
+  // chunk_attention above, differentiated.
+  const size_t forward_cases = cases.size();
+  for (size_t i = 0; i < forward_cases; ++i) {
+    const std::string name = expanse_op_name(cases[i].op);
+    if (name != "update_state" && name != "discumsum" && name != "query_state" && name != "chunk_attention") continue;
+    // The small shapes only: the naive oracle's pullback of phi costs d evaluations of phi per token
+    // (a minute for the GPU shapes at p = 4).
+    if (cases[i].d > 16 || cases[i].t > 128 || expanse::expanded_dim(cases[i].p, cases[i].d, cases[i].layout) > 2048)
+      continue;
+    op_config c = cases[i];
+    expanse::check(expanse_op_from_name((name + "_backward").c_str(), &c.op));
+    // Normalized without the intra term, query_state's o does not depend on the gates (exp(Gc_i)
+    // cancels in the ratio): its dlog_g is 0 up to rounding, which no relative error can judge.
+    if (name == "query_state" && c.normalize && !c.intra) c.gated = false;
     cases.push_back(c);
   }
 

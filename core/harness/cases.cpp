@@ -115,17 +115,38 @@ op_tables tables_of(expanse_op_kind op) { return {expanse::tensor_args(op), expa
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
+// A gradient or cotangent of a backward operation (no forward tensor's name starts with 'd').
+bool is_gradient(const expanse_tensor_arg_info& t) { return t.name[0] == 'd'; }
+
+// The forward operation of a backward one (itself for a forward).
+expanse_op_kind forward_of(expanse_op_kind op) {
+  const std::string name = expanse_op_name(op);
+  const size_t at = name.rfind("_backward");
+  if (at == std::string::npos) return op;
+  expanse_op_kind forward;
+  expanse::check(expanse_op_from_name(name.substr(0, at).c_str(), &forward));
+  return forward;
+}
+
 // Whether a config gives tensor t: required ones always; log_g when gated; initial states (and
 // discumsum's Y_init) with initial_state, final states with final_state; the intra-chunk inputs
 // with intra; a normalizer (z, *_z) given as an input, initial or final state also needs normalize;
 // other optional outputs always.
-// A backward's cotangents and gradients go with what they belong to (dlog_g with log_g, dfinal_* with
-// final_*, dinitial_* with initial_*); its input o, the forward's output, with normalize.
+// A backward's gradients and cotangents (the names that start with 'd': no forward tensor's does) go
+// with the forward tensor they belong to (dlog_g with log_g, dfinal_S with final_S, dout with o); its
+// input o, the forward's output, with normalize.
 bool gives(const op_config& cfg, const expanse_tensor_arg_info& t) {
   if (t.required) return true;
-  std::string name = t.name;
+  const std::string name = t.name;
   if (name == "o" && t.role == EXPANSE_ARG_INPUT) return cfg.normalize;
-  if (starts_with(name, "dlog_g") || starts_with(name, "dinitial_") || starts_with(name, "dfinal_")) name.erase(0, 1);
+  if (name[0] == 'd') {
+    const std::string of = name == "dout" ? "o" : name.substr(1);
+    op_config forward = cfg;
+    forward.op = forward_of(cfg.op);
+    for (const expanse_tensor_arg_info& f : expanse::tensor_args(forward.op))
+      if (of == f.name) return gives(forward, f);
+    throw std::logic_error("harness: " + name + " belongs to no tensor of the forward");
+  }
   const bool normalizer = name == "z" || (name.size() > 2 && name.compare(name.size() - 2, 2, "_z") == 0);
   if (name == "log_g") return cfg.gated;
   if (starts_with(name, "initial_") || name == "Y_init") return cfg.initial_state && (!normalizer || cfg.normalize);
@@ -184,12 +205,12 @@ expanse_dtype dtype_for(const op_config& cfg, const op_tables& op, const expanse
 // decoding step's state); a backward's cotangent of a state is plain noise.
 bool is_entering_state(const expanse_tensor_arg_info& t) {
   const std::string dims = t.dims;
-  return (dims == "b h D e" || dims == "b h D") && !starts_with(t.name, "dfinal_");
+  return (dims == "b h D e" || dims == "b h D") && !is_gradient(t);
 }
-// Chunk states [b,n,h,D,e] / [b,n,h,D] as inputs (query_state's S, z).
+// Chunk states [b,n,h,D,e] / [b,n,h,D] as inputs (query_state's S, z; not a cotangent's dS).
 bool is_chunk_state(const expanse_tensor_arg_info& t) {
   const std::string dims = t.dims;
-  return t.role == EXPANSE_ARG_INPUT && (dims == "b n h D e" || dims == "b n h D");
+  return t.role == EXPANSE_ARG_INPUT && (dims == "b n h D e" || dims == "b n h D") && !is_gradient(t);
 }
 bool is_gate(const expanse_tensor_arg_info& t) { return std::string(t.name) == "log_g" || std::string(t.name) == "A"; }
 
@@ -268,11 +289,8 @@ tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent) {
   if (chunk_states && consistent) consistent_query_inputs(cfg, rng, in);
   // A backward's o is its forward's output on these inputs (as a caller saves it).
   if (in.count("o")) {
-    expanse_op_kind forward;
-    const std::string name = expanse_op_name(cfg.op);
-    expanse::check(expanse_op_from_name(name.substr(0, name.rfind("_backward")).c_str(), &forward));
     op_config f = cfg;
-    f.op = forward;
+    f.op = forward_of(cfg.op);
     f.final_state = false;
     in["o"] = cast(naive::run(f, in).at("o"), in["o"].dtype);
   }

@@ -186,6 +186,85 @@ const param_decl kPowerAttentionBackwardParams[] = {
     EXPANSE_LAYOUT(power_attention_backward),
 };
 
+// ---------------------------------------------------------------- update_state_backward
+using update_state_backward = expanse_update_state_backward_args;
+const tensor_decl kUpdateStateBackwardTensors[] = {
+    EXPANSE_TENSOR(update_state_backward, k, kIn, kRequired, "b t h d", D::any_float),
+    EXPANSE_TENSOR(update_state_backward, v, kIn, kRequired, "b t h e", D::same_as, "k"),
+    EXPANSE_TENSOR(update_state_backward, log_g, kIn, kOptional, "b t h", D::state_float, nullptr, kGates),
+    EXPANSE_TENSOR(update_state_backward, dS, kIn, kRequired, "b n h D e", D::state_float, nullptr, kState),
+    EXPANSE_TENSOR(update_state_backward, dz, kIn, kOptional, "b n h D", D::same_as, "dS", kState),
+    EXPANSE_TENSOR(update_state_backward, dk, kOut, kRequired, "b t h d", D::output_of, "k", kPrimary),
+    EXPANSE_TENSOR(update_state_backward, dv, kOut, kRequired, "b t h e", D::output_of, "v"),
+    EXPANSE_TENSOR(update_state_backward, dlog_g, kOut, kOptional, "b t h", D::state_float, nullptr, 0, "log_g"),
+};
+const param_decl kUpdateStateBackwardParams[] = {
+    EXPANSE_P(update_state_backward, 4),
+    EXPANSE_PARAM(update_state_backward, chunk_size, EXPANSE_PARAM_INT64, 128, chunk, "tokens per chunk (>= 1)"),
+    EXPANSE_LAYOUT(update_state_backward),
+};
+
+// ---------------------------------------------------------------- discumsum_backward
+using discumsum_backward = expanse_discumsum_backward_args;
+const tensor_decl kDiscumsumBackwardTensors[] = {
+    EXPANSE_TENSOR(discumsum_backward, X, kIn, kRequired, "b n h ...", D::any_float),
+    EXPANSE_TENSOR(discumsum_backward, A, kIn, kRequired, "b n h", D::state_float),
+    EXPANSE_TENSOR(discumsum_backward, Y_init, kIn, kOptional, "b h ...", D::any_float, nullptr, kInitial),
+    EXPANSE_TENSOR(discumsum_backward, dY, kIn, kRequired, "b n+1 h ...", D::state_float, nullptr, kState),
+    EXPANSE_TENSOR(discumsum_backward, dX, kOut, kRequired, "b n h ...", D::output_of, "X", kPrimary),
+    EXPANSE_TENSOR(discumsum_backward, dA, kOut, kOptional, "b n h", D::state_float),
+    EXPANSE_TENSOR(discumsum_backward, dY_init, kOut, kOptional, "b h ...", D::output_of, "Y_init", 0, "Y_init"),
+};
+
+// ---------------------------------------------------------------- query_state_backward
+using query_state_backward = expanse_query_state_backward_args;
+const tensor_decl kQueryStateBackwardTensors[] = {
+    EXPANSE_TENSOR(query_state_backward, q, kIn, kRequired, "b t hq d", D::any_float),
+    EXPANSE_TENSOR(query_state_backward, S, kIn, kRequired, "b n h D e", D::state_float, nullptr, kState),
+    EXPANSE_TENSOR(query_state_backward, z, kIn, kOptional, "b n h D", D::same_as, "S", kState, nullptr, true),
+    EXPANSE_TENSOR(query_state_backward, log_g, kIn, kOptional, "b t h", D::state_float, nullptr, kGates),
+    EXPANSE_TENSOR(query_state_backward, y, kIn, kOptional, "b t hq e", D::state_float, nullptr, kIntra, nullptr, false, 1),
+    EXPANSE_TENSOR(query_state_backward, l, kIn, kOptional, "b t hq", D::state_float, nullptr, 0, nullptr, false, 1),
+    EXPANSE_TENSOR(query_state_backward, rowmax, kIn, kOptional, "b t hq", D::state_float, nullptr, 0, nullptr, false, 1),
+    EXPANSE_TENSOR(query_state_backward, o, kIn, kOptional, "b t hq e", D::same_as, "q", 0, nullptr, true),
+    EXPANSE_TENSOR(query_state_backward, dout, kIn, kRequired, "b t hq e", D::same_as, "q"),
+    EXPANSE_TENSOR(query_state_backward, dq, kOut, kRequired, "b t hq d", D::output_of, "q", kPrimary),
+    EXPANSE_TENSOR(query_state_backward, dS, kOut, kRequired, "b n h D e", D::state_float),
+    EXPANSE_TENSOR(query_state_backward, dz, kOut, kOptional, "b n h D", D::state_float, nullptr, 0, "z"),
+    EXPANSE_TENSOR(query_state_backward, dlog_g, kOut, kOptional, "b t h", D::state_float, nullptr, 0, "log_g"),
+    EXPANSE_TENSOR(query_state_backward, dy, kOut, kOptional, "b t hq e", D::state_float, nullptr, 0, "y"),
+    EXPANSE_TENSOR(query_state_backward, dl, kOut, kOptional, "b t hq", D::state_float, nullptr, 0, "l"),
+};
+const param_decl kQueryStateBackwardParams[] = {
+    EXPANSE_P(query_state_backward, 4),
+    EXPANSE_SCALE(query_state_backward),
+    EXPANSE_PARAM(query_state_backward, chunk_size, EXPANSE_PARAM_INT64, 128, chunk, "tokens per chunk (>= 1)"),
+    EXPANSE_NORMALIZE(query_state_backward),
+    EXPANSE_LAYOUT(query_state_backward),
+};
+
+// ---------------------------------------------------------------- chunk_attention_backward
+using chunk_attention_backward = expanse_chunk_attention_backward_args;
+const tensor_decl kChunkAttentionBackwardTensors[] = {
+    EXPANSE_TENSOR(chunk_attention_backward, q, kIn, kRequired, "b t hq d", D::any_float),
+    EXPANSE_TENSOR(chunk_attention_backward, k, kIn, kRequired, "b t h d", D::same_as, "q"),
+    EXPANSE_TENSOR(chunk_attention_backward, v, kIn, kRequired, "b t h e", D::same_as, "q"),
+    EXPANSE_TENSOR(chunk_attention_backward, log_g, kIn, kOptional, "b t h", D::state_float, nullptr, kGates),
+    EXPANSE_TENSOR(chunk_attention_backward, rowmax, kIn, kRequired, "b t hq", D::state_float),
+    EXPANSE_TENSOR(chunk_attention_backward, dy, kIn, kRequired, "b t hq e", D::state_float, nullptr, kState),
+    EXPANSE_TENSOR(chunk_attention_backward, dl, kIn, kOptional, "b t hq", D::state_float),
+    EXPANSE_TENSOR(chunk_attention_backward, dq, kOut, kRequired, "b t hq d", D::output_of, "q", kPrimary),
+    EXPANSE_TENSOR(chunk_attention_backward, dk, kOut, kRequired, "b t h d", D::output_of, "k"),
+    EXPANSE_TENSOR(chunk_attention_backward, dv, kOut, kRequired, "b t h e", D::output_of, "v"),
+    EXPANSE_TENSOR(chunk_attention_backward, dlog_g, kOut, kOptional, "b t h", D::state_float, nullptr, 0, "log_g"),
+};
+const param_decl kChunkAttentionBackwardParams[] = {
+    EXPANSE_P(chunk_attention_backward, 4),
+    EXPANSE_SCALE(chunk_attention_backward),
+    EXPANSE_PARAM(chunk_attention_backward, chunk_size, EXPANSE_PARAM_INT64, 128, chunk_or_all,
+                  "tokens per chunk (>= 1); 0: one chunk over the whole sequence"),
+};
+
 #undef EXPANSE_TENSOR
 #undef EXPANSE_PARAM
 #undef EXPANSE_P
@@ -242,6 +321,13 @@ const op_decl kOps[EXPANSE_OP_COUNT] = {
                                   "d e h hq", 4),
     declare<power_attention_backward>("power_attention_backward", kPowerAttentionBackwardTensors,
                                       kPowerAttentionBackwardParams, "d e h hq", 4),
+    declare<update_state_backward>("update_state_backward", kUpdateStateBackwardTensors,
+                                   kUpdateStateBackwardParams, "d e h", 4),
+    declare<discumsum_backward>("discumsum_backward", kDiscumsumBackwardTensors, ""),
+    declare<query_state_backward>("query_state_backward", kQueryStateBackwardTensors, kQueryStateBackwardParams,
+                                  "d e h hq", 4),
+    declare<chunk_attention_backward>("chunk_attention_backward", kChunkAttentionBackwardTensors,
+                                      kChunkAttentionBackwardParams, "d e h hq", 4),
 };
 
 // The table is in the order of expanse_op_kind: each entry's name is the one EXPANSE_OPERATIONS gives

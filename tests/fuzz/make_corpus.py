@@ -17,8 +17,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
 F16, BF16, F32, F64 = 0, 1, 2, 3
-SYMPOW, UPDATE, DISCUMSUM, QUERY, CHUNK, ATTENTION, STEP, BACKWARD = range(8)
-UNKNOWN_OP = 15  # any op code from EXPANSE_OP_COUNT on
+(SYMPOW, UPDATE, DISCUMSUM, QUERY, CHUNK, ATTENTION, STEP, BACKWARD, UPDATE_BACKWARD, DISCUMSUM_BACKWARD,
+ QUERY_BACKWARD, CHUNK_BACKWARD) = range(12)
+UNKNOWN_OP = 15  # any op code from EXPANSE_OP_COUNT (12) on
 # Tensor arguments per op, in the order of expanse_op_tensor_args (core/src/op_table.cpp).
 SLOTS = {
     SYMPOW: ["x", "out"],
@@ -30,6 +31,10 @@ SLOTS = {
     STEP: ["q", "k", "v", "log_g", "S", "z", "o"],
     BACKWARD: ["q", "k", "v", "log_g", "initial_S", "initial_z", "o", "dout", "dfinal_S", "dfinal_z", "dq", "dk",
                "dv", "dlog_g", "dinitial_S", "dinitial_z"],
+    UPDATE_BACKWARD: ["k", "v", "log_g", "dS", "dz", "dk", "dv", "dlog_g"],
+    DISCUMSUM_BACKWARD: ["X", "A", "Y_init", "dY", "dX", "dA", "dY_init"],
+    QUERY_BACKWARD: ["q", "S", "z", "log_g", "y", "l", "rowmax", "o", "dout", "dq", "dS", "dz", "dlog_g", "dy", "dl"],
+    CHUNK_BACKWARD: ["q", "k", "v", "log_g", "rowmax", "dy", "dl", "dq", "dk", "dv", "dlog_g"],
     UNKNOWN_OP: [],
 }
 # fill codes
@@ -174,6 +179,22 @@ SEEDS = {
         q=T([b, t, hq, d], strides=[0, 2 * hq * d, 2 * d, 1]), o=T([b, t, hq, e], strides=[0, hq * e, 1, hq])),
     "seed-power_attention_step": step(),
     "seed-power_attention_backward": backward(),
+    "seed-update_state_backward": case(UPDATE_BACKWARD, p=2, chunk_size=c, k=T([b, t, h, d]), v=T([b, t, h, e]),
+                                       log_g=T([b, t, h], fill=DECAYS), dS=T([b, n, h, D, e]), dz=T([b, n, h, D]),
+                                       dk=T([b, t, h, d]), dv=T([b, t, h, e]), dlog_g=T([b, t, h])),
+    "seed-discumsum_backward": case(DISCUMSUM_BACKWARD, X=T([b, 3, h, 5]), A=T([b, 3, h], fill=DECAYS),
+                                    Y_init=T([b, h, 5]), dY=T([b, 4, h, 5]), dX=T([b, 3, h, 5]), dA=T([b, 3, h]),
+                                    dY_init=T([b, h, 5])),
+    "seed-query_state_backward": case(QUERY_BACKWARD, p=2, chunk_size=c, normalize=1, q=T([b, t, hq, d]),
+                                      S=T([b, n, h, D, e]), z=T([b, n, h, D], fill=LARGE), log_g=T([b, t, h], fill=DECAYS),
+                                      y=T([b, t, hq, e]), l=T([b, t, hq], fill=LARGE), rowmax=T([b, t, hq]),
+                                      o=T([b, t, hq, e]), dout=T([b, t, hq, e]), dq=T([b, t, hq, d]),
+                                      dS=T([b, n, h, D, e]), dz=T([b, n, h, D]), dlog_g=T([b, t, h]),
+                                      dy=T([b, t, hq, e]), dl=T([b, t, hq])),
+    "seed-chunk_attention_backward": case(CHUNK_BACKWARD, p=2, chunk_size=c, q=T([b, t, hq, d]), k=T([b, t, h, d]),
+                                          v=T([b, t, h, e]), log_g=T([b, t, h], fill=DECAYS), rowmax=T([b, t, hq]),
+                                          dy=T([b, t, hq, e]), dl=T([b, t, hq]), dq=T([b, t, hq, d]),
+                                          dk=T([b, t, h, d]), dv=T([b, t, h, e]), dlog_g=T([b, t, h])),
     "seed-power_attention_backward-quadratic-bare": backward(chunk_size=0, normalize=0, log_g=None, initial_S=None,
                                                              initial_z=None, o=None, dfinal_S=None, dfinal_z=None,
                                                              dlog_g=None, dinitial_S=None, dinitial_z=None),
@@ -238,7 +259,7 @@ KNOWN = {
     "known-power_attention-k-device-garbage": attention(k=T([b, t, h, d], device_type=0x5EADBEEF)),
     "known-power_attention_step-S-device-negative": step(S=T([b, h, D, e], device_type=-7)),
     "known-unknown-op": case(UNKNOWN_OP),
-    "known-unknown-op-8": case(8),
+    "known-unknown-op-12": case(12),
     "known-unknown-op-null-args": case(UNKNOWN_OP, args_null=True),
     "known-power_attention-args-null": attention(args_null=True),
     "known-power_attention_backward-dq-overlaps-dk": backward(dk=T([b, t, h, d], alias="dq")),

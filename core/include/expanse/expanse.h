@@ -105,7 +105,11 @@ typedef enum expanse_op_kind {
   EXPANSE_OP_POWER_ATTENTION = 5,
   EXPANSE_OP_POWER_ATTENTION_STEP = 6,
   EXPANSE_OP_POWER_ATTENTION_BACKWARD = 7,
-  EXPANSE_OP_COUNT = 8
+  EXPANSE_OP_UPDATE_STATE_BACKWARD = 8,
+  EXPANSE_OP_DISCUMSUM_BACKWARD = 9,
+  EXPANSE_OP_QUERY_STATE_BACKWARD = 10,
+  EXPANSE_OP_CHUNK_ATTENTION_BACKWARD = 11,
+  EXPANSE_OP_COUNT = 12
 } expanse_op_kind;
 
 /* Every operation once, as X(name, NAME): its kind is EXPANSE_OP_<NAME>, its arguments
@@ -119,7 +123,11 @@ typedef enum expanse_op_kind {
   X(chunk_attention, CHUNK_ATTENTION)        \
   X(power_attention, POWER_ATTENTION)        \
   X(power_attention_step, POWER_ATTENTION_STEP) \
-  X(power_attention_backward, POWER_ATTENTION_BACKWARD)
+  X(power_attention_backward, POWER_ATTENTION_BACKWARD) \
+  X(update_state_backward, UPDATE_STATE_BACKWARD)       \
+  X(discumsum_backward, DISCUMSUM_BACKWARD)             \
+  X(query_state_backward, QUERY_STATE_BACKWARD)         \
+  X(chunk_attention_backward, CHUNK_ATTENTION_BACKWARD)
 
 /* "power_attention", ...; "unknown" for a code that is no operation. */
 EXPANSE_API const char* expanse_op_name(expanse_op_kind op);
@@ -332,6 +340,76 @@ typedef struct expanse_power_attention_backward_args {
   expanse_layout layout;
 } expanse_power_attention_backward_args;
 
+/* The gradients of the core operations (docs/spec.md "Gradients"), for users who compose them: each
+ * takes its forward's inputs and parameters and the cotangents of its outputs (d<output>), and
+ * returns d<input> for its differentiable inputs. */
+typedef struct expanse_update_state_backward_args {
+  const expanse_tensor* k;
+  const expanse_tensor* v;
+  const expanse_tensor* log_g; /* optional */
+  const expanse_tensor* dS;    /* [b,n,h,D,e] */
+  const expanse_tensor* dz;    /* [b,n,h,D], optional */
+  expanse_tensor* dk;
+  expanse_tensor* dv;
+  expanse_tensor* dlog_g;      /* optional (needs log_g) */
+  int32_t p;
+  int64_t chunk_size;
+  expanse_layout layout;
+} expanse_update_state_backward_args;
+
+typedef struct expanse_discumsum_backward_args {
+  const expanse_tensor* X;
+  const expanse_tensor* A;
+  const expanse_tensor* Y_init; /* optional */
+  const expanse_tensor* dY;     /* [b,n+1,h,...] */
+  expanse_tensor* dX;           /* [b,n,h,...] */
+  expanse_tensor* dA;           /* optional, [b,n,h] */
+  expanse_tensor* dY_init;      /* optional (needs Y_init) */
+} expanse_discumsum_backward_args;
+
+/* rowmax is a stabilizer: no gradient flows through it (chunk_attention_backward holds it fixed
+ * likewise), so the two backwards compose to the gradient of the combined output. */
+typedef struct expanse_query_state_backward_args {
+  const expanse_tensor* q;
+  const expanse_tensor* S;
+  const expanse_tensor* z;      /* needed when normalize */
+  const expanse_tensor* log_g;  /* optional */
+  const expanse_tensor* y;      /* optional intra-chunk result, with l and rowmax */
+  const expanse_tensor* l;
+  const expanse_tensor* rowmax;
+  const expanse_tensor* o;      /* the forward's output; needed when normalize */
+  const expanse_tensor* dout;
+  expanse_tensor* dq;
+  expanse_tensor* dS;
+  expanse_tensor* dz;           /* optional (needs z) */
+  expanse_tensor* dlog_g;       /* optional (needs log_g) */
+  expanse_tensor* dy;           /* optional (needs y) */
+  expanse_tensor* dl;           /* optional (needs l) */
+  int32_t p;
+  double scale;
+  int64_t chunk_size;
+  int32_t normalize;
+  expanse_layout layout;
+} expanse_query_state_backward_args;
+
+/* The gradients of y and l with rowmax held at the forward's value (given). */
+typedef struct expanse_chunk_attention_backward_args {
+  const expanse_tensor* q;
+  const expanse_tensor* k;
+  const expanse_tensor* v;
+  const expanse_tensor* log_g;  /* optional */
+  const expanse_tensor* rowmax; /* the forward's */
+  const expanse_tensor* dy;
+  const expanse_tensor* dl;     /* optional */
+  expanse_tensor* dq;
+  expanse_tensor* dk;
+  expanse_tensor* dv;
+  expanse_tensor* dlog_g;       /* optional (needs log_g) */
+  int32_t p;
+  double scale;
+  int64_t chunk_size;
+} expanse_chunk_attention_backward_args;
+
 EXPANSE_API void expanse_sympow_expand_args_init(expanse_sympow_expand_args* a);
 EXPANSE_API void expanse_update_state_args_init(expanse_update_state_args* a);
 EXPANSE_API void expanse_discumsum_args_init(expanse_discumsum_args* a);
@@ -340,6 +418,10 @@ EXPANSE_API void expanse_chunk_attention_args_init(expanse_chunk_attention_args*
 EXPANSE_API void expanse_power_attention_args_init(expanse_power_attention_args* a);
 EXPANSE_API void expanse_power_attention_step_args_init(expanse_power_attention_step_args* a);
 EXPANSE_API void expanse_power_attention_backward_args_init(expanse_power_attention_backward_args* a);
+EXPANSE_API void expanse_update_state_backward_args_init(expanse_update_state_backward_args* a);
+EXPANSE_API void expanse_discumsum_backward_args_init(expanse_discumsum_backward_args* a);
+EXPANSE_API void expanse_query_state_backward_args_init(expanse_query_state_backward_args* a);
+EXPANSE_API void expanse_chunk_attention_backward_args_init(expanse_chunk_attention_backward_args* a);
 
 /* ---------------------------------------------------------------- backends and devices */
 
@@ -430,6 +512,13 @@ EXPANSE_API expanse_status expanse_power_attention_step(expanse_context* ctx,
                                                         const expanse_power_attention_step_args* a);
 EXPANSE_API expanse_status expanse_power_attention_backward(expanse_context* ctx,
                                                             const expanse_power_attention_backward_args* a);
+EXPANSE_API expanse_status expanse_update_state_backward(expanse_context* ctx,
+                                                         const expanse_update_state_backward_args* a);
+EXPANSE_API expanse_status expanse_discumsum_backward(expanse_context* ctx, const expanse_discumsum_backward_args* a);
+EXPANSE_API expanse_status expanse_query_state_backward(expanse_context* ctx,
+                                                        const expanse_query_state_backward_args* a);
+EXPANSE_API expanse_status expanse_chunk_attention_backward(expanse_context* ctx,
+                                                            const expanse_chunk_attention_backward_args* a);
 
 /* Memory on the context's device, for callers without a framework (the CLI, tests, C users). */
 typedef enum expanse_copy_kind {
