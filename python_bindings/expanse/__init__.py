@@ -24,7 +24,8 @@ operations refuse torch tensors that require grad while gradients are enabled (p
     True
 
 Operations: power_attention, power_attention_backward, power_attention_step, sympow_expand,
-update_state, discumsum, query_state, chunk_attention; expanse.torch.PowerAttention (a layer). Backends: backends(), devices(), set_default_backend(). Validation
+update_state, discumsum, query_state, chunk_attention and their *_backward gradients;
+expanse.torch.PowerAttention (a layer). Backends: backends(), devices(), set_default_backend(). Validation
 against the reference (and of the reference against a naive oracle): check().
 
 Non-finite inputs (NaN, or an infinity other than -inf in log_g, which is a reset) give non-finite
@@ -45,8 +46,9 @@ from ._errors import (BackendError, ExpanseError, InternalError, InvalidArgument
                       UnsupportedError, WorkspaceError)
 from ._backends import (BackendInfo, DeviceInfo, available_backends, backends, devices, get_default_backend,
                         set_default_backend)
-from ._ops import (chunk_attention, discumsum, power_attention, power_attention_backward, power_attention_step,
-                   query_state, sympow_expand, update_state)
+from ._ops import (chunk_attention, chunk_attention_backward, discumsum, discumsum_backward, power_attention,
+                   power_attention_backward, power_attention_step, query_state, query_state_backward, sympow_expand,
+                   update_state, update_state_backward)
 from ._check import CheckResult, TOLERANCES, check
 from ._finite import get_check_finite, set_check_finite
 
@@ -70,8 +72,8 @@ def expanded_dim(d: int, p: int = 2, layout: str = "sympow") -> int:
 
 __all__ = [
     "power_attention", "power_attention_backward", "power_attention_step", "sympow_expand", "update_state",
-    "discumsum", "query_state",
-    "chunk_attention", "expanded_dim",
+    "discumsum", "query_state", "chunk_attention", "update_state_backward", "discumsum_backward",
+    "query_state_backward", "chunk_attention_backward", "expanded_dim",
     "backends", "available_backends", "devices", "set_default_backend", "get_default_backend",
     "set_check_finite", "get_check_finite",
     "BackendInfo", "DeviceInfo",

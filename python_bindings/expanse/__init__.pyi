@@ -49,6 +49,29 @@ def power_attention_backward(q: Array, k: Array, v: Array, log_g: Optional[Array
                              check_finite: Optional[bool] = None) -> Tuple[Any, ...]:
     """(dq, dk, dv, dlog_g | None), and (dS0, dz0 | None) as a fifth item with initial_state."""
 
+def update_state_backward(k: Array, v: Array, log_g: Optional[Array], dS: Array, dz: Optional[Array] = None, *,
+                          p: int = 2, chunk_size: int = 128, layout: str = "sympow", backend: Optional[str] = None,
+                          check_finite: Optional[bool] = None) -> Tuple[Any, Any, Optional[Any]]:
+    """(dk, dv, dlog_g | None)."""
+
+def discumsum_backward(X: Array, A: Array, dY: Array, Y_init: Optional[Array] = None, *,
+                       backend: Optional[str] = None,
+                       check_finite: Optional[bool] = None) -> Tuple[Any, Any, Optional[Any]]:
+    """(dX, dA, dY_init | None)."""
+
+def query_state_backward(q: Array, S: Array, z: Optional[Array], log_g: Optional[Array], do: Array, *,
+                         intra: Optional[Tuple[Array, Array, Array]] = None, o: Optional[Array] = None, p: int = 2,
+                         scale: Optional[float] = None, chunk_size: int = 128, normalize: bool = True,
+                         layout: str = "sympow", backend: Optional[str] = None,
+                         check_finite: Optional[bool] = None) -> Tuple[Any, ...]:
+    """(dq, dS, dz | None, dlog_g | None, (dy, dl) | None)."""
+
+def chunk_attention_backward(q: Array, k: Array, v: Array, log_g: Optional[Array], rowmax: Array, dy: Array,
+                             dl: Optional[Array] = None, *, p: int = 2, scale: Optional[float] = None,
+                             chunk_size: Optional[int] = 128, backend: Optional[str] = None,
+                             check_finite: Optional[bool] = None) -> Tuple[Any, Any, Any, Optional[Any]]:
+    """(dq, dk, dv, dlog_g | None), rowmax held at the forward's value."""
+
 def power_attention_step(q: Array, k: Array, v: Array, log_g: Optional[Array] = None, *, state: State,
                          p: int = 2, scale: Optional[float] = None, normalize: bool = True, layout: str = "sympow",
                          backend: Optional[str] = None, check_finite: Optional[bool] = None) -> Any:

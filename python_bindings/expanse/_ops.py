@@ -397,6 +397,79 @@ def chunk_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=_params.
     return r["y"], r["l"], r["rowmax"]
 
 
+# ---------------------------------------------------------------- the core operations' gradients
+# Each takes its forward's arguments and the cotangents of its outputs and returns the gradients of
+# its differentiable inputs (docs/spec.md "Gradients"), for users who compose the core operations.
+
+
+def update_state_backward(k, v, log_g, dS, dz=None, *, p=2, chunk_size=_params.DEFAULT_CHUNK, layout="sympow",
+                          backend=None, check_finite=None):
+    """The gradients of update_state: from the cotangents dS [b, n, h, D, e] and dz [b, n, h, D]
+    (None: zero) of its states, (dk, dv, dlog_g): dk, dv in k's and v's dtypes, dlog_g float32
+    (float64 with float64 inputs), None when log_g is None."""
+    op = "update_state_backward"
+    outputs = {"dk": "", "dv": ""}
+    if log_g is not None:
+        outputs["dlog_g"] = ""
+    r = _call(op, {"k": k, "v": v, "log_g": log_g, "dS": dS, "dz": dz}, outputs, backend=backend,
+              required=("k", "v", "dS"), check_finite=check_finite, p=_params.degree(op, p),
+              chunk_size=_params.chunk_size(op, chunk_size, expected=">= 1"), layout=_params.layout(op, layout))
+    return r["dk"], r["dv"], r.get("dlog_g")
+
+
+def discumsum_backward(X, A, dY, Y_init=None, *, backend=None, check_finite=None):
+    """The gradients of discumsum: from the cotangent dY [b, n+1, h, ...] of its output,
+    (dX, dA, dY_init): dX in X's dtype, dA float32 (float64 with float64 inputs), dY_init in
+    Y_init's dtype (None when Y_init is None)."""
+    op = "discumsum_backward"
+    outputs = {"dX": "", "dA": ""}
+    if Y_init is not None:
+        outputs["dY_init"] = _DtypeOf("Y_init")
+    r = _call(op, {"X": X, "A": A, "Y_init": Y_init, "dY": dY}, outputs, backend=backend, required=("X", "A", "dY"),
+              check_finite=check_finite)
+    return r["dX"], r["dA"], r.get("dY_init")
+
+
+def query_state_backward(q, S, z, log_g, do, *, intra=None, o=None, p=2, scale=None,
+                         chunk_size=_params.DEFAULT_CHUNK, normalize=True, layout="sympow", backend=None,
+                         check_finite=None):
+    """The gradients of query_state: from the cotangent do of its output o (which normalize=True
+    needs: None computes it), (dq, dS, dz, dlog_g, dintra): dz None without z, dlog_g None without
+    log_g, dintra = (dy, dl) with intra (rowmax is a stabilizer and gets no gradient), else None."""
+    op = "query_state_backward"
+    normalize = _params.flag(op, "normalize", normalize)
+    y, l, rowmax = _intra(op, intra)
+    if normalize and o is None:
+        o = query_state(q, S, z, log_g, intra=intra, p=p, scale=scale, chunk_size=chunk_size, normalize=True,
+                        layout=layout, backend=backend, check_finite=check_finite)
+    outputs = {"dq": "", "dS": ""}
+    for name, given in (("dz", z), ("dlog_g", log_g), ("dy", y), ("dl", l)):
+        if given is not None:
+            outputs[name] = ""
+    r = _call(op, {"q": q, "S": S, "z": z, "log_g": log_g, "y": y, "l": l, "rowmax": rowmax,
+                   "o": o if normalize else None, "dout": do}, outputs, backend=backend,
+              required=("q", "S", "dout"), check_finite=check_finite, p=_params.degree(op, p),
+              scale=_params.scale(op, scale), chunk_size=_params.chunk_size(op, chunk_size, expected=">= 1"),
+              normalize=normalize, layout=_params.layout(op, layout))
+    dintra = (r["dy"], r.get("dl")) if y is not None else None
+    return r["dq"], r["dS"], r.get("dz"), r.get("dlog_g"), dintra
+
+
+def chunk_attention_backward(q, k, v, log_g, rowmax, dy, dl=None, *, p=2, scale=None,
+                             chunk_size=_params.DEFAULT_CHUNK, backend=None, check_finite=None):
+    """The gradients of chunk_attention with rowmax held at the forward's value (pass the rowmax it
+    returned): from the cotangents dy and dl (None: zero) of y and l, (dq, dk, dv, dlog_g), dlog_g
+    None when log_g is None."""
+    op = "chunk_attention_backward"
+    c = 0 if chunk_size is None else _params.chunk_size(op, chunk_size, expected=">= 0 (0: one chunk)")
+    outputs = {"dq": "", "dk": "", "dv": ""}
+    if log_g is not None:
+        outputs["dlog_g"] = ""
+    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g, "rowmax": rowmax, "dy": dy, "dl": dl}, outputs,
+              backend=backend, required=("q", "k", "v", "rowmax", "dy"), check_finite=check_finite,
+              p=_params.degree(op, p), scale=_params.scale(op, scale), chunk_size=c)
+    return r["dq"], r["dk"], r["dv"], r.get("dlog_g")
+
 def _expanded_dim_of(d, p, layout):
     """D for head dim d, degree p and a layout text (torch's fake tensors need it)."""
     kind, d_tile = _params.layout("expanded_dim", layout)

@@ -953,3 +953,63 @@ def test_power_attention_backward_outputs_and_errors(rng):
         expanse.power_attention_backward(q, k, v, None, do[:, :5])
     with pytest.raises(expanse.InvalidArgumentError, match="power_attention_backward: argument 'o'"):
         expanse.power_attention_backward(q, k, v, None, do, o=o[..., :2])
+
+
+def _numeric_gradient(loss, inputs, name, h=1e-6):
+    """Central differences of loss(**inputs) with respect to inputs[name]."""
+    x = inputs[name]
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        moved = {n: a.copy() for n, a in inputs.items()}
+        moved[name][i] += h
+        up = loss(**moved)
+        moved[name][i] -= 2 * h
+        g[i] = (up - loss(**moved)) / (2 * h)
+    return g
+
+
+def test_core_backwards_are_the_gradients_of_their_forwards(rng):
+    """update_state, discumsum, query_state and chunk_attention: each *_backward against central
+    differences of its forward (f64, reference)."""
+    b, t, hq, h, d, e, c = 1, 9, 4, 2, 3, 2, 4
+    D, n = expanse.expanded_dim(d, p=2), -(-t // c)
+    q, k, v = qkv(rng, b, t, hq, h, d, e)
+    log_g = gates(rng, b, t, h)
+
+    dS, dz = rng.standard_normal((b, n, h, D, e)), rng.standard_normal((b, n, h, D))
+    grads = dict(zip(("k", "v", "log_g"), expanse.update_state_backward(k, v, log_g, dS, dz, chunk_size=c)))
+    loss = lambda k, v, log_g: sum((w * s).sum() for w, s in zip((dS, dz), expanse.update_state(k, v, log_g, chunk_size=c)))  # noqa: E731
+    for name in grads:
+        assert naive.rel_error(grads[name], _numeric_gradient(loss, dict(k=k, v=v, log_g=log_g), name)) <= 1e-7, name
+
+    X, A, Y0 = rng.standard_normal((b, n, h, 5)), gates(rng, b, n, h), rng.standard_normal((b, h, 5))
+    dY = rng.standard_normal((b, n + 1, h, 5))
+    grads = dict(zip(("X", "A", "Y_init"), expanse.discumsum_backward(X, A, dY, Y0)))
+    loss = lambda X, A, Y_init: (dY * expanse.discumsum(X, A, Y_init)).sum()  # noqa: E731
+    for name in grads:
+        assert naive.rel_error(grads[name], _numeric_gradient(loss, dict(X=X, A=A, Y_init=Y0), name)) <= 1e-7, name
+
+    S, z = expanse.update_state(k, v, log_g, chunk_size=c)
+    z = z + 1.0  # every denominator away from 0 (see tests/test_gradients.cpp)
+    y, l, rowmax = expanse.chunk_attention(q, k, v, log_g, chunk_size=c)
+    do = rng.standard_normal((b, t, hq, e))
+    dq, dS_, dz_, dlog_g, (dy, dl) = expanse.query_state_backward(q, S, z, log_g, do, intra=(y, l, rowmax),
+                                                                  chunk_size=c)
+    grads = dict(q=dq, S=dS_, z=dz_, log_g=dlog_g, y=dy, l=dl)
+    loss = lambda q, S, z, log_g, y, l: (do * expanse.query_state(q, S, z, log_g, intra=(y, l, rowmax),  # noqa: E731
+                                                                  chunk_size=c)).sum()
+    for name in grads:
+        numeric = _numeric_gradient(loss, dict(q=q, S=S, z=z, log_g=log_g, y=y, l=l), name)
+        assert naive.rel_error(grads[name], numeric) <= 1e-7, name
+
+    dy, dl = rng.standard_normal((b, t, hq, e)), rng.standard_normal((b, t, hq))
+    grads = dict(zip(("q", "k", "v", "log_g"), expanse.chunk_attention_backward(q, k, v, log_g, rowmax, dy, dl,
+                                                                                chunk_size=c)))
+
+    def loss(q, k, v, log_g):  # rowmax held at the forward's
+        y2, l2, m2 = expanse.chunk_attention(q, k, v, log_g, chunk_size=c)
+        f = np.exp(m2 - rowmax)
+        return (dy * y2 * f[..., None]).sum() + (dl * l2 * f).sum()
+
+    for name in grads:
+        assert naive.rel_error(grads[name], _numeric_gradient(loss, dict(q=q, k=k, v=v, log_g=log_g), name)) <= 1e-7, name
