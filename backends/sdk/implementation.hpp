@@ -102,36 +102,33 @@ struct implementation {
   void (*run)(const expanse_op& op, launch_context& lc);
 };
 
-// Lists are kept by operation and direction (backward operations get lists of their own).
-enum class direction { forward = 0, backward = 1 };
-
 using implementation_list = std::vector<implementation>;
 
-// A backend's lists, filled at load time by the operations' files (registered_list), read after.
+// A backend's lists, one per operation (a backward operation is an operation of its own), filled at
+// load time by the operations' files (registered_list), read after.
 class implementation_lists {
  public:
-  void add(expanse_op_kind kind, direction dir, implementation_list list) {
+  void add(expanse_op_kind kind, implementation_list list) {
     if (kind < 0 || kind >= EXPANSE_OP_COUNT) throw std::logic_error("implementation list of an unknown operation");
-    implementation_list& slot = lists_[static_cast<int>(dir)][kind];
+    implementation_list& slot = lists_[kind];
     if (!slot.empty()) throw std::logic_error("an operation's implementation list is registered twice");
     slot = std::move(list);
   }
   // Empty for an operation the backend does not implement.
-  const implementation_list& of(expanse_op_kind kind, direction dir = direction::forward) const {
+  const implementation_list& of(expanse_op_kind kind) const {
     static const implementation_list none;
-    return kind >= 0 && kind < EXPANSE_OP_COUNT ? lists_[static_cast<int>(dir)][kind] : none;
+    return kind >= 0 && kind < EXPANSE_OP_COUNT ? lists_[kind] : none;
   }
 
  private:
-  implementation_list lists_[2][EXPANSE_OP_COUNT];
+  implementation_list lists_[EXPANSE_OP_COUNT];
 };
 
 // Registers one operation's list, fastest first, from the file that defines it:
 //   const expanse_sdk::registered_list kList(cuda_lists(), EXPANSE_OP_UPDATE_STATE, {...});
 struct registered_list {
-  registered_list(implementation_lists& lists, expanse_op_kind kind, std::initializer_list<implementation> list,
-                  direction dir = direction::forward) {
-    lists.add(kind, dir, implementation_list(list));
+  registered_list(implementation_lists& lists, expanse_op_kind kind, std::initializer_list<implementation> list) {
+    lists.add(kind, implementation_list(list));
   }
 };
 
