@@ -179,3 +179,150 @@ TEST_CASE("core operations' backwards: the reference's gradients are the finite 
   c.resets = true;
   check_against_finite_differences(c, seed);
 }
+
+namespace {
+
+// Slots [first, first + count) of dimension 1 of a [b, N, ...] tensor.
+h::host_tensor slots(const h::host_tensor& x, int64_t first, int64_t count) {
+  std::vector<int64_t> shape = x.shape;
+  int64_t inner = 1;
+  for (size_t i = 2; i < shape.size(); ++i) inner *= shape[i];
+  const int64_t N = shape[1];
+  shape[1] = count;
+  h::host_tensor out = h::host_tensor::zeros(x.dtype, shape);
+  for (int64_t bi = 0; bi < shape[0]; ++bi)
+    for (int64_t m = 0; m < count; ++m)
+      for (int64_t i = 0; i < inner; ++i) out.set((bi * count + m) * inner + i, x.get((bi * N + first + m) * inner + i));
+  return out;
+}
+
+// [b, n, ...] and [b, ...] -> [b, n + 1, ...]: `last` appended along dimension 1.
+h::host_tensor append_slot(const h::host_tensor& x, const h::host_tensor& last) {
+  std::vector<int64_t> shape = x.shape;
+  int64_t inner = 1;
+  for (size_t i = 2; i < shape.size(); ++i) inner *= shape[i];
+  const int64_t n = shape[1];
+  shape[1] = n + 1;
+  h::host_tensor out = h::host_tensor::zeros(x.dtype, shape);
+  for (int64_t bi = 0; bi < shape[0]; ++bi)
+    for (int64_t m = 0; m <= n; ++m)
+      for (int64_t i = 0; i < inner; ++i)
+        out.set((bi * (n + 1) + m) * inner + i, m < n ? x.get((bi * n + m) * inner + i) : last.get(bi * inner + i));
+  return out;
+}
+
+h::tensor_map run_ref(expanse::context& ctx, h::op_config cfg, expanse_op_kind op, const h::tensor_map& in) {
+  cfg.op = op;
+  return h::run_on(ctx, cfg, in, /*oracle=*/true);
+}
+
+}  // namespace
+
+TEST_CASE("power_attention_backward is the composition of the core operations' backwards") {
+  // docs/spec.md's chunked form, run through the public operations: the forward states by update_state
+  // and discumsum, then query_state_backward (dq's state term, each chunk's state cotangent),
+  // chunk_attention_backward (the pairs), discumsum_backward (the reverse scan: dX_m is the cotangent
+  // chunk m's keys see, dA_m the gates' share through the chunk totals, dY_init the initial state's
+  // gradient) and update_state_backward; dlog_g is the sum of the four parts.
+  expanse::context ctx("reference");
+  h::op_config cfg;
+  cfg.op = expanse::ops::power_attention_backward;
+  cfg.dtype = EXPANSE_F64;
+  cfg.b = 2; cfg.t = 23; cfg.hq = 4; cfg.h = 2; cfg.d = 4; cfg.e = 3; cfg.c = 5; cfg.p = 2;
+  cfg.initial_state = cfg.final_state = true;
+  const uint64_t seed = test_seed();
+  const h::tensor_map in = h::make_inputs(cfg, seed);
+  const h::tensor_map whole = h::run_on(ctx, cfg, in, /*oracle=*/true);
+  const int64_t n = h::chunk_count(cfg.t, cfg.c);
+
+  // The forward's pieces.
+  const h::tensor_map local = run_ref(ctx, cfg, expanse::ops::update_state, in);
+  h::host_tensor A = h::host_tensor::zeros(EXPANSE_F64, {cfg.b, n, cfg.h});  // the chunk totals of log_g
+  for (int64_t bi = 0; bi < cfg.b; ++bi)
+    for (int64_t j = 0; j < cfg.t; ++j)
+      for (int64_t hi = 0; hi < cfg.h; ++hi) {
+        const int64_t at = (bi * n + j / cfg.c) * cfg.h + hi;
+        A.set(at, A.get(at) + in.at("log_g").get((bi * cfg.t + j) * cfg.h + hi));
+      }
+  // discumsum over [D, e] states (z as [D, 1]): the harness reads its trailing dims as [d, e].
+  const int64_t D = expanse::expanded_dim(cfg.p, cfg.d, cfg.layout);
+  auto with_shape = [](h::host_tensor x, std::vector<int64_t> shape) {
+    x.shape = std::move(shape);
+    return x;
+  };
+  auto states_cfg = [&](bool is_z) {
+    h::op_config c = cfg;
+    c.d = D;
+    c.e = is_z ? 1 : cfg.e;
+    return c;
+  };
+  auto as_states = [&](const h::host_tensor& x, bool is_z) {  // [b, N, h, D] -> [b, N, h, D, 1] for z
+    std::vector<int64_t> shape = x.shape;
+    if (is_z) shape.push_back(1);
+    return with_shape(x, shape);
+  };
+  auto scan = [&](const char* X, const char* init, bool is_z) {
+    const h::host_tensor Y = run_ref(ctx, states_cfg(is_z), expanse::ops::discumsum,
+                                     {{"X", as_states(local.at(X), is_z)}, {"A", A}, {"Y_init", as_states(in.at(init), is_z)}})
+                                 .at("Y");
+    std::vector<int64_t> shape = Y.shape;
+    if (is_z) shape.pop_back();
+    return with_shape(Y, shape);
+  };
+  const h::host_tensor S_all = scan("S", "initial_S", false), z_all = scan("z", "initial_z", true);
+  h::tensor_map qin = in;
+  qin["S"] = slots(S_all, 0, n);
+  qin["z"] = slots(z_all, 0, n);
+  const h::tensor_map intra = run_ref(ctx, cfg, expanse::ops::chunk_attention, in);
+  for (const char* name : {"y", "l", "rowmax"}) qin[name] = intra.at(name);
+  h::op_config qcfg = cfg;
+  qcfg.intra = true;
+
+  // The backwards.
+  qcfg.op = expanse::ops::query_state_backward;
+  const h::tensor_map dquery = h::run_on(ctx, qcfg, qin, true);
+  const h::tensor_map dpairs =
+      run_ref(ctx, cfg, expanse::ops::chunk_attention_backward, {{"q", in.at("q")}, {"k", in.at("k")}, {"v", in.at("v")},
+              {"log_g", in.at("log_g")}, {"rowmax", intra.at("rowmax")}, {"dy", dquery.at("dy")}, {"dl", dquery.at("dl")}});
+  auto reverse_scan = [&](const char* X, const char* init, const char* dlocal, const char* dfinal, bool is_z) {
+    h::tensor_map r = run_ref(ctx, states_cfg(is_z), expanse::ops::discumsum_backward,
+                              {{"X", as_states(local.at(X), is_z)}, {"A", A}, {"Y_init", as_states(in.at(init), is_z)},
+                               {"dY", as_states(append_slot(dquery.at(dlocal), in.at(dfinal)), is_z)}});
+    for (const char* name : {"dX", "dY_init"}) {
+      std::vector<int64_t> shape = r.at(name).shape;
+      if (is_z) shape.pop_back();
+      r.at(name) = with_shape(r.at(name), shape);
+    }
+    return r;
+  };
+  const h::tensor_map dscan_S = reverse_scan("S", "initial_S", "dS", "dfinal_S", false);
+  const h::tensor_map dscan_z = reverse_scan("z", "initial_z", "dz", "dfinal_z", true);
+  const h::tensor_map dkeys = run_ref(ctx, cfg, expanse::ops::update_state_backward,
+                                      {{"k", in.at("k")}, {"v", in.at("v")}, {"log_g", in.at("log_g")},
+                                       {"dS", dscan_S.at("dX")}, {"dz", dscan_z.at("dX")}});
+
+  auto sum = [](std::initializer_list<const h::host_tensor*> parts) {
+    h::host_tensor out = **parts.begin();
+    for (auto it = parts.begin() + 1; it != parts.end(); ++it)
+      for (int64_t i = 0; i < out.numel(); ++i) out.set(i, out.get(i) + (*it)->get(i));
+    return out;
+  };
+  h::host_tensor dA_tokens = h::host_tensor::zeros(EXPANSE_F64, {cfg.b, cfg.t, cfg.h});  // A_m holds each log_g of m
+  for (int64_t bi = 0; bi < cfg.b; ++bi)
+    for (int64_t j = 0; j < cfg.t; ++j)
+      for (int64_t hi = 0; hi < cfg.h; ++hi) {
+        const int64_t at = (bi * n + j / cfg.c) * cfg.h + hi;
+        dA_tokens.set((bi * cfg.t + j) * cfg.h + hi, dscan_S.at("dA").get(at) + dscan_z.at("dA").get(at));
+      }
+  const h::tensor_map composed = {
+      {"dq", sum({&dquery.at("dq"), &dpairs.at("dq")})},
+      {"dk", sum({&dpairs.at("dk"), &dkeys.at("dk")})},
+      {"dv", sum({&dpairs.at("dv"), &dkeys.at("dv")})},
+      {"dlog_g", sum({&dquery.at("dlog_g"), &dpairs.at("dlog_g"), &dkeys.at("dlog_g"), &dA_tokens})},
+      {"dinitial_S", dscan_S.at("dY_init")},
+      {"dinitial_z", dscan_z.at("dY_init")}};
+  for (const h::comparison& c : h::compare(composed, whole, 1e-12)) {
+    INFO(c.output, " rel. error ", c.rel_error, " seed ", seed);
+    CHECK(c.pass);
+  }
+}
