@@ -30,6 +30,14 @@ const registered_list kPowerAttentionStep(hip_lists(), EXPANSE_OP_POWER_ATTENTIO
                                           {expanse_gpu::power_attention_step_fused});
 const registered_list kPowerAttentionBackward(hip_lists(), EXPANSE_OP_POWER_ATTENTION_BACKWARD,
                                               {expanse_gpu::power_attention_backward_simple});
+const registered_list kUpdateStateBackward(hip_lists(), EXPANSE_OP_UPDATE_STATE_BACKWARD,
+                                           {expanse_gpu::update_state_backward_simple});
+const registered_list kDiscumsumBackward(hip_lists(), EXPANSE_OP_DISCUMSUM_BACKWARD,
+                                         {expanse_gpu::discumsum_backward_simple});
+const registered_list kQueryStateBackward(hip_lists(), EXPANSE_OP_QUERY_STATE_BACKWARD,
+                                          {expanse_gpu::query_state_backward_simple});
+const registered_list kChunkAttentionBackward(hip_lists(), EXPANSE_OP_CHUNK_ATTENTION_BACKWARD,
+                                              {expanse_gpu::chunk_attention_backward_simple});
 
 }  // namespace
 }  // namespace expanse_hip

@@ -68,6 +68,9 @@ gates make_gates(const expanse_tensor* log_g, int64_t b, int64_t t, int64_t h, i
 
 inline int64_t chunk_count(int64_t t, int64_t c) { return (t + c - 1) / c; }
 
+// *t, or a tensor with null data (absent) for a null pointer: kernels take tensors by value.
+inline expanse_tensor tensor_or_empty(const expanse_tensor* t) { return t ? *t : expanse_tensor{}; }
+
 // A contiguous f32 tensor over workspace memory, on the device of `like`.
 expanse_tensor f32_view(float* data, std::initializer_list<int64_t> shape, const expanse_tensor& like);
 

@@ -1,5 +1,6 @@
 // discumsum: the streaming scan over chunks (gpu/kernels/discumsum.hpp), for the public operation
 // and for power_attention's step (discumsum_step_args).
+#include "gpu/kernels/backward_simple.hpp"
 #include "gpu/kernels/discumsum.hpp"
 #include "gpu/ops/discumsum.hpp"
 #include "gpu/ops/implementations.hpp"
@@ -64,6 +65,37 @@ void discumsum_scan_run(const expanse_op& op, launch_context& lc) {
   expanse_tensor last = *a.Y;  // the public operation: Y_n in Y's slot n
   last.data = static_cast<float*>(a.Y->data) + pb.n * a.Y->strides[1];
   launch_discumsum(*a.X, A, with_chunk_axis(a.Y_init), *a.Y, last, pb.n, pb.input_dtype, lc.stream);
+}
+
+// discumsum_backward: Y recomputed per element into the workspace, then the reverse scan
+// (gpu/kernels/backward_simple.hpp); dA summed in the workspace and copied out.
+std::string discumsum_backward_simple_declines(const expanse_op& op, const device_props&) {
+  const auto& a = args_of<expanse_discumsum_backward_args>(op);
+  std::string why = common_declines(op);
+  if (why.empty() && (!is_f32(a.A) || !is_f32(a.Y_init) || !is_f32(a.dY) || !is_f32(a.dA) || !is_f32(a.dY_init)))
+    why = "A, Y_init, dY, dA and dY_init must be f32";
+  return why;
+}
+
+void discumsum_backward_simple_run(const expanse_op& op, launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = args_of<expanse_discumsum_backward_args>(op);
+  const expanse_tensor& X = *a.X;
+  int64_t elems = 1;
+  for (int dim = 3; dim < X.ndim; ++dim) elems *= X.shape[dim];
+  const int64_t heads = X.shape[0] * X.shape[2], sums = X.shape[0] * pb.n * X.shape[2];
+  float* dA = lc.ws.take<float>(size_t(sums));
+  float* Y = lc.ws.take<float>(size_t(heads * (pb.n + 1) * elems));
+  if (lc.ws.sizing()) return;
+  if (sums > 0) zero_kernel<<<grid_for(sums, 256), 256, 0, lc.stream>>>(dA, sums);
+  if (heads * elems > 0)
+    with_input_type(pb.input_dtype, [&](auto tag) {
+      using T = decltype(tag);
+      discumsum_backward_kernel<T><<<grid_for(heads * elems, 256), 256, 0, lc.stream>>>(
+          X, *a.A, with_chunk_axis(a.Y_init), *a.dY, *a.dX, dA, with_chunk_axis(a.dY_init), Y, pb.n, elems);
+    });
+  if (a.dA && sums > 0) copy_to_tensor3_kernel<<<grid_for(sums, 256), 256, 0, lc.stream>>>(dA, *a.dA);
+  check_launch("discumsum_backward");
 }
 
 }  // namespace expanse_gpu

@@ -25,6 +25,10 @@ EXPANSE_GPU_IMPLEMENTATION(power_attention_chunked, "chunked")
 EXPANSE_GPU_IMPLEMENTATION(power_attention_step_fused, "fused")
 // The gradients, with the forward states made by the lists above.
 EXPANSE_GPU_IMPLEMENTATION(power_attention_backward_simple, "simple")
+EXPANSE_GPU_IMPLEMENTATION(update_state_backward_simple, "simple")
+EXPANSE_GPU_IMPLEMENTATION(discumsum_backward_simple, "simple")
+EXPANSE_GPU_IMPLEMENTATION(query_state_backward_simple, "simple")
+EXPANSE_GPU_IMPLEMENTATION(chunk_attention_backward_simple, "simple")
 
 #undef EXPANSE_GPU_IMPLEMENTATION
 

@@ -2,7 +2,7 @@
 // every GPU backend: correct for any shape the kernels hold (d, e <= 256), and a baseline for the
 // tensor-core implementations, not a fast path. The forward states come from update_state and
 // discumsum through the backend's lists, as in the forward.
-#include "gpu/kernels/power_attention_backward.hpp"
+#include "gpu/kernels/backward_simple.hpp"
 #include "gpu/ops/common.hpp"
 #include "gpu/ops/discumsum.hpp"
 #include "gpu/ops/implementations.hpp"
@@ -11,8 +11,6 @@ namespace expanse_gpu {
 namespace {
 
 enum step_slot { kUpdateState = 1, kDiscumsumS, kDiscumsumZ };
-
-expanse_tensor view_or_empty(const expanse_tensor* t) { return t ? *t : expanse_tensor{}; }
 
 }  // namespace
 
@@ -59,9 +57,10 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
     S_final = f32_view(lc.ws.take<float>(size_t(heads * pb.D * pb.e)), {pb.b, pb.h, pb.D, pb.e}, dev);
     if (need_z) z_final = f32_view(lc.ws.take<float>(size_t(heads * pb.D)), {pb.b, pb.h, pb.D}, dev);
   }
+  backward_states st{};
   if (cotangent_states) {
-    w.dY = lc.ws.take<float>(size_t(states * pb.e));
-    if (need_z || a.dinitial_z) w.dZ = lc.ws.take<float>(size_t(states));
+    st.dY = f32_view(lc.ws.take<float>(size_t(states * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
+    if (need_z || a.dinitial_z) st.dZ = f32_view(lc.ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, dev);
   }
   float* final_sums = final_term ? lc.ws.take<float>(size_t(heads)) : nullptr;
 
@@ -89,42 +88,42 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
     scan(S, a.initial_S, S_final, pb.D * pb.e, kDiscumsumS);
     if (z.data) scan(z, a.initial_z, z_final, pb.D, kDiscumsumZ);
   }
-  w.S = forward_states ? static_cast<const float*>(S.data) : nullptr;
-  w.z = forward_states ? static_cast<const float*>(z.data) : nullptr;
+  if (forward_states) st.S = S, st.z = z;
   if (lc.ws.sizing()) return;
 
-  const backward_tensors in{*a.q, *a.k, *a.v, view_or_empty(a.o), *a.dout, *a.dq, *a.dk, *a.dv};
+  const backward_tensors in{*a.q, *a.k, *a.v, tensor_or_empty(a.o), *a.dout, {}, {}, *a.dq, *a.dk, *a.dv};
+  const backward_form form{1, 0};  // the causal pairs, no intra term
   const phi_entry* table = shared.phi.rows;
   const gates& g = shared.g;
   const unsigned query_blocks = unsigned(tokens * pb.hq), key_blocks = unsigned(tokens * pb.h);
   with_input_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
     if (query_blocks == 0) return;
-    backward_cotangents_kernel<T><<<query_blocks, kBackwardThreads, 0, lc.stream>>>(in, w, g, table, pb);
+    backward_cotangents_kernel<T><<<query_blocks, kBackwardThreads, 0, lc.stream>>>(in, st, w, g, table, pb, form);
     check_launch("power_attention_backward cotangents");
-    if (w.dY) {
+    if (st.dY.data) {
       const int64_t entries = states * (pb.e + 1);
-      query_cotangent_states_kernel<T><<<grid_for(entries, 256), 256, 0, lc.stream>>>(*a.q, w, g, table, pb);
+      query_cotangent_states_kernel<T><<<grid_for(entries, 256), 256, 0, lc.stream>>>(*a.q, st, w, g, table, pb);
       check_launch("power_attention_backward cotangent states");
     }
   });
-  if (w.dY && heads * pb.D > 0) {
+  if (st.dY.data && heads * pb.D > 0) {
     reverse_scan_kernel<<<grid_for(heads * pb.D * (pb.e + 1), 256), 256, 0, lc.stream>>>(
-        w, g, pb, view_or_empty(a.dfinal_S), view_or_empty(a.dfinal_z), view_or_empty(a.dinitial_S),
-        view_or_empty(a.dinitial_z));
+        st, g, pb, tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), tensor_or_empty(a.dinitial_S),
+        tensor_or_empty(a.dinitial_z));
     check_launch("power_attention_backward reverse scan");
   }
   with_input_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
     if (query_blocks == 0) return;
-    query_gradients_kernel<T><<<query_blocks, kBackwardThreads, 0, lc.stream>>>(in, w, g, table, pb);
+    query_gradients_kernel<T><<<query_blocks, kBackwardThreads, 0, lc.stream>>>(in, st, w, g, table, pb, form);
     check_launch("power_attention_backward dq");
-    key_gradients_kernel<T><<<key_blocks, kBackwardThreads, 0, lc.stream>>>(in, w, g, table, pb);
+    key_gradients_kernel<T><<<key_blocks, kBackwardThreads, 0, lc.stream>>>(in, st, w, g, table, pb, form);
     check_launch("power_attention_backward dk, dv");
   });
   if (final_sums && heads > 0) {
     final_term_kernel<<<unsigned(heads), kBackwardThreads, 0, lc.stream>>>(
-        view_or_empty(a.dfinal_S), view_or_empty(a.dfinal_z), static_cast<const float*>(S_final.data),
+        tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), static_cast<const float*>(S_final.data),
         static_cast<const float*>(z_final.data), pb, final_sums);
     check_launch("power_attention_backward final term");
   }

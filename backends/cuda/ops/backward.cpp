@@ -1,0 +1,20 @@
+// The backward operations on the CUDA backend: for now only the SIMT implementations every GPU
+// backend shares (gpu/ops/); the tensor-core kernels of issue 19 go before them.
+#include "dispatch.hpp"
+#include "gpu/ops/implementations.hpp"
+
+namespace expanse_cuda {
+namespace {
+
+const registered_list kPowerAttention(cuda_lists(), EXPANSE_OP_POWER_ATTENTION_BACKWARD,
+                                     {expanse_gpu::power_attention_backward_simple});
+const registered_list kUpdateState(cuda_lists(), EXPANSE_OP_UPDATE_STATE_BACKWARD,
+                                   {expanse_gpu::update_state_backward_simple});
+const registered_list kDiscumsum(cuda_lists(), EXPANSE_OP_DISCUMSUM_BACKWARD, {expanse_gpu::discumsum_backward_simple});
+const registered_list kQueryState(cuda_lists(), EXPANSE_OP_QUERY_STATE_BACKWARD,
+                                  {expanse_gpu::query_state_backward_simple});
+const registered_list kChunkAttention(cuda_lists(), EXPANSE_OP_CHUNK_ATTENTION_BACKWARD,
+                                      {expanse_gpu::chunk_attention_backward_simple});
+
+}  // namespace
+}  // namespace expanse_cuda

@@ -1,0 +1,453 @@
+// The SIMT kernels of the backward operations (docs/spec.md "Gradients"), any shape and dtype with d
+// and e up to kBackwardMaxDim. One block per token for the per-token work (its vectors in shared
+// memory, block-wide sums); the state cotangents like update_state_simple, one thread per entry.
+//   backward_cotangents_kernel      dnum_i, dden_i of each query token (den_i recomputed)
+//   query_cotangent_states_kernel   X_m = sum_{heads, i in m} exp(Gc_i) phi(scale q_i) [dnum_i | dden_i]^T
+//   reverse_scan_kernel             dY_m = exp(A_m) dY_{m+1} + X_m: slot m keeps dY_{m+1}; dinitial = dY_0
+//   query_gradients_kernel          dq (the state term and/or the causal pairs), and q . dq
+//   key_gradients_kernel            dk, dv (likewise), and k . dk
+//   gate_gradients_kernel           dlog_g: the segmented reverse cumsum of dG_i = (sum_heads q.dq - k.dk) / p
+//   chunk_gate_gradients_kernel     the same inside each chunk, for the core operations
+//   the rest: rowmax's scaling of chunk_attention's cotangents, discumsum's reverse scan
+// phi is homogeneous of degree p, so phi(x) . dphi(x) = x . dx / p: the gates' gradients come from
+// the dot products of the inputs with their gradients.
+#pragma once
+// (The kernels that are not templates are static, so that every file that includes this header has its
+// own, and maybe unused.)
+
+#include "gpu/kernels/common.hpp"
+#include "gpu/kernels/discumsum.hpp"  // trailing_offset
+
+namespace expanse_gpu {
+
+constexpr int kBackwardMaxDim = 256;   // d and e: a token's vectors sit in shared memory
+constexpr int kBackwardThreads = 128;  // per block: whole lane groups
+constexpr int kBackwardGroups = kBackwardThreads / kLaneGroup;
+
+// The tensors of a backward call (data null where absent). l, rowmax: query_state's intra term.
+// dq, dk, dv in any float dtype (store_any).
+struct backward_tensors {
+  expanse_tensor q, k, v, o, dout, l, rowmax, dq, dk, dv;
+};
+
+// The states and their cotangents, f32 [b,n,h,D,e] and [b,n,h,D] (data null where absent): S, z enter
+// each chunk (the forward's); dY, dZ are what chunk m's keys see (the state leaving it).
+struct backward_states {
+  expanse_tensor S, z, dY, dZ;
+};
+
+// Workspace arrays, f32 and contiguous.
+struct backward_work {
+  float *dnum, *dden;  // [b,t,hq,e], [b,t,hq]: the cotangents of each query's numerator, denominator
+  float *qdq, *kdk;    // [b,t,hq], [b,t,h]: q . dq and k . dk
+};
+
+// What a backward takes into account: the causal pairs inside the chunks (power_attention,
+// chunk_attention), query_state's intra term in the denominator.
+struct backward_form {
+  int pairs, intra;
+};
+
+// Stores v into element `off` of a f32, f16 or bf16 tensor.
+__device__ __forceinline__ void store_any(const expanse_tensor& t, int64_t off, float v) {
+  if (t.dtype == EXPANSE_F32) static_cast<float*>(t.data)[off] = v;
+  else if (t.dtype == EXPANSE_F16) static_cast<half_t*>(t.data)[off] = from_f32<half_t>(v);
+  else static_cast<bfloat16_t*>(t.data)[off] = from_f32<bfloat16_t>(v);
+}
+
+// The sum of v over the block (every thread gets it). scratch: kBackwardGroups + 1 floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  for (int o = kLaneGroup / 2; o > 0; o >>= 1) v += shfl_xor_group(v, o);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (threadIdx.x % kLaneGroup == 0) scratch[threadIdx.x / kLaneGroup] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int g = 0; g < kBackwardGroups; ++g) s += scratch[g];
+  return s;
+}
+
+__device__ __forceinline__ float ipowf(float x, int p) {
+  float r = 1.f;
+  for (int i = 0; i < p; ++i) r *= x;
+  return r;
+}
+
+// sum_dim a[dim] * x(dim) for one thread.
+template <class X>
+__device__ __forceinline__ float dot_with(const float* a, int64_t n, X x) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * x(i);
+  return s;
+}
+
+// Adds w * J_phi(x)^T e_row (row `row` of phi's pullback) to acc, in shared memory.
+__device__ __forceinline__ void add_pullback(const phi_entry& row, int p, const float* x, float w, float* acc) {
+  for (int f = 0; f < p; ++f) {
+    float others = w * row.coef;
+    for (int g2 = 0; g2 < p; ++g2)
+      if (g2 != f) others *= x[row.idx[g2]];
+    atomicAdd(&acc[row.idx[f]], others);
+  }
+}
+
+// One block per (batch, token, query head): den_i = [the state's] + [the pairs'] + [the intra term],
+// then dnum_i, dden_i.
+template <class T>
+__global__ void backward_cotangents_kernel(backward_tensors in, backward_states st, backward_work w, gates g,
+                                           const phi_entry* table, expanse_problem pb, backward_form form) {
+  __shared__ float qs[kBackwardMaxDim], scratch[kBackwardGroups + 1];
+  const int64_t qh = blockIdx.x % pb.hq, i = (blockIdx.x / pb.hq) % pb.t, batch = blockIdx.x / (pb.hq * pb.t);
+  const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv, m = i / pb.c, row = blockIdx.x;
+  for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) qs[x] = float(pb.scale) * load<T>(in.q, off4(in.q, batch, i, qh, x));
+  __syncthreads();
+  float den = 1.f, dd = 0.f;
+  if (pb.normalize) {
+    float part = 0.f;
+    if (st.z.data) {
+      for (int64_t r = threadIdx.x; r < pb.D; r += blockDim.x)
+        part += phi_value(table[r], pb.p, [&](int x) { return qs[x]; }) * loadf(st.z, off4(st.z, batch, m, kv, r));
+      part *= expf(g.cum(bh, pb.t, i));
+    }
+    if (form.pairs) {
+      const float ri = g.since_reset(bh, pb.t, i);
+      for (int64_t j = m * pb.c + g.first_key(bh, pb.t, i) + threadIdx.x; j <= i; j += blockDim.x) {
+        const float dot = dot_with(qs, pb.d, [&](int64_t x) { return load<T>(in.k, off4(in.k, batch, j, kv, x)); });
+        part += ipowf(dot, pb.p) * expf(ri - g.since_reset(bh, pb.t, j));
+      }
+    }
+    den = block_sum(part, scratch);
+    if (form.intra)
+      den += loadf(in.l, off3(in.l, batch, i, qh)) * expf(loadf(in.rowmax, off3(in.rowmax, batch, i, qh)));
+    float od = 0.f;
+    for (int64_t y = threadIdx.x; y < pb.e; y += blockDim.x)
+      od += load<T>(in.dout, off4(in.dout, batch, i, qh, y)) * load<T>(in.o, off4(in.o, batch, i, qh, y));
+    od = block_sum(od, scratch);
+    dd = den == 0.f ? 0.f : -od / den;
+  }
+  for (int64_t y = threadIdx.x; y < pb.e; y += blockDim.x)
+    w.dnum[row * pb.e + y] = den == 0.f ? 0.f : load<T>(in.dout, off4(in.dout, batch, i, qh, y)) / den;
+  if (threadIdx.x == 0) w.dden[row] = dd;
+}
+
+// One thread per entry (batch, chunk, kv head, row r, column) of st.dY (column e: st.dZ, if present).
+template <class T>
+__global__ void query_cotangent_states_kernel(expanse_tensor q, backward_states st, backward_work w, gates g,
+                                              const phi_entry* table, expanse_problem pb) {
+  const int64_t cols = pb.e + 1, group = pb.hq / pb.h;
+  EXPANSE_GRID_LOOP(idx, pb.b * pb.n * pb.h * pb.D * cols) {
+    const int64_t col = idx % cols;
+    int64_t rest = idx / cols;
+    const int64_t r = rest % pb.D;
+    rest /= pb.D;
+    const int64_t kv = rest % pb.h;
+    rest /= pb.h;
+    const int64_t m = rest % pb.n, batch = rest / pb.n;
+    if (col == pb.e && !st.dZ.data) continue;
+    const int64_t first = m * pb.c, len = min(pb.c, pb.t - first), bh = batch * pb.h + kv;
+    const phi_entry row = table[r];
+    float acc = 0.f;
+    for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh)
+      for (int64_t s = 0; s < len; ++s) {
+        const int64_t i = first + s, tok = (batch * pb.t + i) * pb.hq + qh;
+        const float decay = expf(g.cum(bh, pb.t, i));
+        if (decay == 0.f) continue;
+        const float ph = phi_value(row, pb.p, [&](int x) { return float(pb.scale) * load<T>(q, off4(q, batch, i, qh, x)); });
+        acc += decay * ph * (col < pb.e ? w.dnum[tok * pb.e + col] : w.dden[tok]);
+      }
+    if (col < pb.e) *ptrf(st.dY, off5(st.dY, batch, m, kv, r, col)) = acc;
+    else *ptrf(st.dZ, off4(st.dZ, batch, m, kv, r)) = acc;
+  }
+}
+
+// One thread per state entry (batch, kv head, entry of D*e, then the D of z): the reverse scan over
+// st.dY, st.dZ in place. dfinal_S/z and dinitial_S/z with null data where absent.
+[[maybe_unused]] static __global__ void reverse_scan_kernel(backward_states st, gates g, expanse_problem pb, expanse_tensor dfinal_S,
+                                    expanse_tensor dfinal_z, expanse_tensor dinitial_S, expanse_tensor dinitial_z) {
+  const int64_t De = pb.D * pb.e, per_head = De + (st.dZ.data ? pb.D : 0);
+  EXPANSE_GRID_LOOP(idx, pb.b * pb.h * per_head) {
+    const int64_t entry = idx % per_head, kv = (idx / per_head) % pb.h, batch = idx / (per_head * pb.h);
+    const bool is_z = entry >= De;
+    const int64_t r = is_z ? entry - De : entry / pb.e, col = is_z ? 0 : entry % pb.e;
+    float cur = 0.f;
+    if (!is_z && dfinal_S.data) cur = *ptrf(dfinal_S, off4(dfinal_S, batch, kv, r, col));
+    if (is_z && dfinal_z.data) cur = *ptrf(dfinal_z, off3(dfinal_z, batch, kv, r));
+    for (int64_t m = pb.n - 1; m >= 0; --m) {
+      float* slot = is_z ? ptrf(st.dZ, off4(st.dZ, batch, m, kv, r)) : ptrf(st.dY, off5(st.dY, batch, m, kv, r, col));
+      const float x = *slot;
+      *slot = cur;  // dY_{m+1}: what chunk m's keys see
+      cur = expf(g.chunk_total(batch * pb.h + kv, pb.n, m)) * cur + x;
+    }
+    if (!is_z && dinitial_S.data) *ptrf(dinitial_S, off4(dinitial_S, batch, kv, r, col)) = cur;
+    if (is_z && dinitial_z.data) *ptrf(dinitial_z, off3(dinitial_z, batch, kv, r)) = cur;
+  }
+}
+
+// One block per (batch, token, query head): dq from the state entering the chunk (st.S) and/or the
+// causal pairs (form.pairs); q . dq to w.qdq.
+template <class T>
+__global__ void query_gradients_kernel(backward_tensors in, backward_states st, backward_work w, gates g,
+                                       const phi_entry* table, expanse_problem pb, backward_form form) {
+  __shared__ float qs[kBackwardMaxDim], dnum[kBackwardMaxDim], acc[kBackwardMaxDim], scratch[kBackwardGroups + 1];
+  const int64_t qh = blockIdx.x % pb.hq, i = (blockIdx.x / pb.hq) % pb.t, batch = blockIdx.x / (pb.hq * pb.t);
+  const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv, m = i / pb.c, row = blockIdx.x;
+  for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) {
+    qs[x] = float(pb.scale) * load<T>(in.q, off4(in.q, batch, i, qh, x));
+    acc[x] = 0.f;
+  }
+  for (int64_t y = threadIdx.x; y < pb.e; y += blockDim.x) dnum[y] = w.dnum[row * pb.e + y];
+  __syncthreads();
+  const float dden = w.dden[row];
+  if (st.S.data) {  // dphi_r = exp(Gc_i) (S_m[r] . dnum + z_m[r] dden)
+    const float decay = expf(g.cum(bh, pb.t, i));
+    for (int64_t r = threadIdx.x; decay != 0.f && r < pb.D; r += blockDim.x) {
+      float u = dot_with(dnum, pb.e, [&](int64_t y) { return loadf(st.S, off5(st.S, batch, m, kv, r, y)); });
+      if (st.z.data) u += loadf(st.z, off4(st.z, batch, m, kv, r)) * dden;
+      if (u != 0.f) add_pullback(table[r], pb.p, qs, decay * u, acc);
+    }
+  }
+  if (form.pairs) {  // B_ij scale k_j
+    const float ri = g.since_reset(bh, pb.t, i);
+    for (int64_t j = m * pb.c + g.first_key(bh, pb.t, i) + threadIdx.x; j <= i; j += blockDim.x) {
+      auto kj = [&](int64_t x) { return load<T>(in.k, off4(in.k, batch, j, kv, x)); };
+      const float dot = dot_with(qs, pb.d, kj);
+      const float mv = dot_with(dnum, pb.e, [&](int64_t y) { return load<T>(in.v, off4(in.v, batch, j, kv, y)); }) + dden;
+      const float B = pb.p * ipowf(dot, pb.p - 1) * expf(ri - g.since_reset(bh, pb.t, j)) * mv;
+      if (B != 0.f)
+        for (int64_t x = 0; x < pb.d; ++x) atomicAdd(&acc[x], B * kj(x));
+    }
+  }
+  __syncthreads();
+  float qdq = 0.f;
+  for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) {
+    const float grad = float(pb.scale) * acc[x];
+    store_any(in.dq, off4(in.dq, batch, i, qh, x), grad);
+    qdq += qs[x] * grad;
+  }
+  qdq = block_sum(qdq, scratch);
+  if (threadIdx.x == 0) w.qdq[row] = qdq / float(pb.scale);  // q . dq (qs = scale q)
+}
+
+// One block per (batch, token, kv head): dk, dv from the state cotangent chunk j's key sees (st.dY)
+// and/or the causal pairs with the chunk's later queries (form.pairs); k . dk to w.kdk.
+template <class T>
+__global__ void key_gradients_kernel(backward_tensors in, backward_states st, backward_work w, gates g,
+                                     const phi_entry* table, expanse_problem pb, backward_form form) {
+  __shared__ float kk[kBackwardMaxDim], vv[kBackwardMaxDim], acck[kBackwardMaxDim], accv[kBackwardMaxDim];
+  __shared__ float scratch[kBackwardGroups + 1];
+  const int64_t kv = blockIdx.x % pb.h, j = (blockIdx.x / pb.h) % pb.t, batch = blockIdx.x / (pb.h * pb.t);
+  const int64_t bh = batch * pb.h + kv, m = j / pb.c, first = m * pb.c, last = min(first + pb.c, pb.t) - 1;
+  const int64_t group = pb.hq / pb.h;
+  for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) kk[x] = load<T>(in.k, off4(in.k, batch, j, kv, x)), acck[x] = 0.f;
+  for (int64_t y = threadIdx.x; y < pb.e; y += blockDim.x) vv[y] = load<T>(in.v, off4(in.v, batch, j, kv, y)), accv[y] = 0.f;
+  __syncthreads();
+  if (st.dY.data) {  // dphi_r = exp(A_m - Gc_j) (dY[r] . v_j + dZ[r])
+    const gates keys = g.keys();
+    const float decay = keys.Gc ? expf(keys.chunk_total(bh, pb.n, m) - keys.cum(bh, pb.t, j)) : 1.f;
+    for (int64_t r = threadIdx.x; decay != 0.f && r < pb.D; r += blockDim.x) {
+      float u = dot_with(vv, pb.e, [&](int64_t y) { return loadf(st.dY, off5(st.dY, batch, m, kv, r, y)); });
+      if (st.dZ.data) u += loadf(st.dZ, off4(st.dZ, batch, m, kv, r));
+      if (u != 0.f) add_pullback(table[r], pb.p, kk, decay * u, acck);
+    }
+    for (int64_t y = threadIdx.x; decay != 0.f && y < pb.e; y += blockDim.x) {
+      float s = 0.f;
+      for (int64_t r = 0; r < pb.D; ++r)
+        s += loadf(st.dY, off5(st.dY, batch, m, kv, r, y)) * phi_value(table[r], pb.p, [&](int x) { return kk[x]; });
+      accv[y] += decay * s;
+    }
+  }
+  __syncthreads();
+  if (form.pairs) {  // the causal pairs with the later queries of the chunk (every query head of the kv head)
+    const float rj = g.since_reset(bh, pb.t, j);
+    for (int64_t pair = threadIdx.x; pair < (last - j + 1) * group; pair += blockDim.x) {
+      const int64_t i = j + pair / group, qh = kv * group + pair % group, row = (batch * pb.t + i) * pb.hq + qh;
+      if (m * pb.c + g.first_key(bh, pb.t, i) > j) continue;  // a reset between j and i
+      auto qs = [&](int64_t x) { return float(pb.scale) * load<T>(in.q, off4(in.q, batch, i, qh, x)); };
+      const float dot = dot_with(kk, pb.d, qs);
+      const float decay = expf(g.since_reset(bh, pb.t, i) - rj);
+      const float* dn = w.dnum + row * pb.e;
+      const float mv = dot_with(vv, pb.e, [&](int64_t y) { return dn[y]; }) + w.dden[row];
+      const float A = ipowf(dot, pb.p) * decay, B = pb.p * ipowf(dot, pb.p - 1) * decay * mv;
+      if (A != 0.f)
+        for (int64_t y = 0; y < pb.e; ++y) atomicAdd(&accv[y], A * dn[y]);
+      if (B != 0.f)
+        for (int64_t x = 0; x < pb.d; ++x) atomicAdd(&acck[x], B * qs(x));
+    }
+  }
+  __syncthreads();
+  float kdk = 0.f;
+  for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) {
+    store_any(in.dk, off4(in.dk, batch, j, kv, x), acck[x]);
+    kdk += kk[x] * acck[x];
+  }
+  for (int64_t y = threadIdx.x; y < pb.e; y += blockDim.x) store_any(in.dv, off4(in.dv, batch, j, kv, y), accv[y]);
+  kdk = block_sum(kdk, scratch);
+  if (threadIdx.x == 0) w.kdk[(batch * pb.t + j) * pb.h + kv] = kdk;
+}
+
+// One block per (batch, kv head): dlog_g_l = sum_{i >= l} dG_i within l's segment between resets, 0
+// at a reset. Each thread takes a run of tokens; the runs' sums are combined right to left, then each
+// thread writes its run. final_term: <dfinal_S, S_t> + <dfinal_z, z_t> per (batch, kv head), or null.
+[[maybe_unused]] static __global__ void gate_gradients_kernel(expanse_tensor log_g, expanse_tensor dlog_g, backward_work w,
+                                      const float* final_term, expanse_problem pb) {
+  __shared__ float run_sum[kBackwardThreads];
+  __shared__ int run_has_reset[kBackwardThreads];
+  const int64_t kv = blockIdx.x % pb.h, batch = blockIdx.x / pb.h, group = pb.hq / pb.h;
+  const int64_t per = (pb.t + blockDim.x - 1) / blockDim.x, first = threadIdx.x * per, end = min(first + per, pb.t);
+  auto dG = [&](int64_t i) {
+    float s = -w.kdk[(batch * pb.t + i) * pb.h + kv];
+    for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh) s += w.qdq[(batch * pb.t + i) * pb.hq + qh];
+    s /= float(pb.p);
+    if (i == pb.t - 1 && final_term) s += final_term[blockIdx.x];
+    return s;
+  };
+  auto is_reset = [&](int64_t i) { return isinf(*ptrf(log_g, off3(log_g, batch, i, kv))) && *ptrf(log_g, off3(log_g, batch, i, kv)) < 0; };
+  float sum = 0.f;  // of the run's tokens before its first reset
+  int has_reset = 0;
+  for (int64_t i = first; i < end && !has_reset; ++i) {
+    if (is_reset(i)) has_reset = 1;
+    else sum += dG(i);
+  }
+  run_sum[threadIdx.x] = sum;
+  run_has_reset[threadIdx.x] = has_reset;
+  __syncthreads();
+  if (threadIdx.x == 0) {  // run_sum[k] becomes the value carried into run k from its right
+    float carry = 0.f;
+    for (int k = int(blockDim.x) - 1; k >= 0; --k) {
+      const float start = run_sum[k] + (run_has_reset[k] ? 0.f : carry);
+      run_sum[k] = carry;
+      carry = start;
+    }
+  }
+  __syncthreads();
+  float acc = run_sum[threadIdx.x];
+  for (int64_t i = end - 1; i >= first; --i) {
+    if (is_reset(i)) acc = 0.f;
+    else acc += dG(i);
+    *ptrf(dlog_g, off3(dlog_g, batch, i, kv)) = is_reset(i) ? 0.f : acc;
+  }
+}
+
+// <dfinal_S, S_t> + <dfinal_z, z_t>, one block per (batch, kv head).
+[[maybe_unused]] static __global__ void final_term_kernel(expanse_tensor dfinal_S, expanse_tensor dfinal_z, const float* S_final,
+                                  const float* z_final, expanse_problem pb, float* out) {
+  __shared__ float scratch[kBackwardGroups + 1];
+  const int64_t kv = blockIdx.x % pb.h, batch = blockIdx.x / pb.h;
+  float s = 0.f;
+  if (dfinal_S.data)
+    for (int64_t idx = threadIdx.x; idx < pb.D * pb.e; idx += blockDim.x)
+      s += *ptrf(dfinal_S, off4(dfinal_S, batch, kv, idx / pb.e, idx % pb.e)) * S_final[blockIdx.x * pb.D * pb.e + idx];
+  if (dfinal_z.data && z_final)
+    for (int64_t r = threadIdx.x; r < pb.D; r += blockDim.x)
+      s += *ptrf(dfinal_z, off3(dfinal_z, batch, kv, r)) * z_final[blockIdx.x * pb.D + r];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+
+// The gates' gradients inside each chunk, for the core operations (one thread per batch, kv head and
+// chunk; 0 at resets). c_i is the per-token term:
+//   reverse:   dlog_g_l = sum_{i >= l in m} c_i, c_i = (sum_heads q.dq - [keys] k.dk) / p
+//              (query_state: Gc_i holds log_g_l for l <= i; chunk_attention: the pairs j < l <= i)
+//   exclusive: dlog_g_l = sum_{j < l in m} c_j, c_j = k.dk / p (update_state: A_m - Gc_j holds l > j)
+enum class chunk_gate_sum : int { reverse_queries, reverse_queries_minus_keys, exclusive_keys };
+[[maybe_unused]] static __global__ void chunk_gate_gradients_kernel(expanse_tensor log_g, expanse_tensor dlog_g, backward_work w,
+                                            expanse_problem pb, chunk_gate_sum mode) {
+  const int64_t group = pb.hq / pb.h;
+  EXPANSE_GRID_LOOP(idx, pb.b * pb.h * pb.n) {
+    const int64_t m = idx % pb.n, kv = (idx / pb.n) % pb.h, batch = idx / (pb.n * pb.h);
+    const int64_t first = m * pb.c, last = min(first + pb.c, pb.t) - 1;
+    auto term = [&](int64_t i) {
+      float s = 0.f;
+      if (mode != chunk_gate_sum::exclusive_keys)
+        for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh) s += w.qdq[(batch * pb.t + i) * pb.hq + qh];
+      if (mode != chunk_gate_sum::reverse_queries) {
+        const float kdk = w.kdk[(batch * pb.t + i) * pb.h + kv];
+        s += mode == chunk_gate_sum::exclusive_keys ? kdk : -kdk;
+      }
+      return s / float(pb.p);
+    };
+    auto is_reset = [&](int64_t i) {
+      const float x = *ptrf(log_g, off3(log_g, batch, i, kv));
+      return isinf(x) && x < 0;
+    };
+    float sum = 0.f;
+    if (mode == chunk_gate_sum::exclusive_keys) {
+      for (int64_t l = first; l <= last; ++l) {
+        if (is_reset(l)) sum = 0.f;
+        *ptrf(dlog_g, off3(dlog_g, batch, l, kv)) = sum;  // 0 at a reset
+        sum += term(l);
+      }
+    } else {
+      for (int64_t l = last; l >= first; --l) {
+        if (is_reset(l)) {
+          sum = 0.f;
+          *ptrf(dlog_g, off3(dlog_g, batch, l, kv)) = 0.f;
+          continue;
+        }
+        sum += term(l);
+        *ptrf(dlog_g, off3(dlog_g, batch, l, kv)) = sum;
+      }
+    }
+  }
+}
+
+// chunk_attention_backward's cotangents with rowmax held: dnum = exp(-rowmax) dy, dden = exp(-rowmax) dl
+// (query_state_backward's intra gradients, the other way: dy = exp(rowmax) dnum, dl = exp(rowmax) dden).
+// One thread per (batch, token, query head, column), column e for the denominator.
+[[maybe_unused]] static __global__ void rowmax_scaling_kernel(expanse_tensor rowmax, expanse_tensor dy, expanse_tensor dl, backward_work w,
+                                      expanse_problem pb, int to_intra) {
+  EXPANSE_GRID_LOOP(idx, pb.b * pb.t * pb.hq * (pb.e + 1)) {
+    const int64_t col = idx % (pb.e + 1), row = idx / (pb.e + 1);
+    const int64_t qh = row % pb.hq, i = (row / pb.hq) % pb.t, batch = row / (pb.hq * pb.t);
+    const float rm = loadf(rowmax, off3(rowmax, batch, i, qh));
+    if (to_intra) {
+      if (col < pb.e && dy.data) *ptrf(dy, off4(dy, batch, i, qh, col)) = expf(rm) * w.dnum[row * pb.e + col];
+      if (col == pb.e && dl.data) *ptrf(dl, off3(dl, batch, i, qh)) = expf(rm) * w.dden[row];
+    } else {
+      if (col < pb.e) w.dnum[row * pb.e + col] = expf(-rm) * loadf(dy, off4(dy, batch, i, qh, col));
+      if (col == pb.e) w.dden[row] = dl.data ? expf(-rm) * loadf(dl, off3(dl, batch, i, qh)) : 0.f;
+    }
+  }
+}
+
+// discumsum_backward, one thread per (batch, head, element): Y recomputed into Yw [b,h,n+1,elems],
+// then G_m = dY_m + exp(A_m) G_{m+1} backwards; dA_m (f32 [b,n,h], zeroed) by atomic adds.
+template <class T>
+__global__ void discumsum_backward_kernel(expanse_tensor X, expanse_tensor A, expanse_tensor init, expanse_tensor dY,
+                                          expanse_tensor dX, float* dA, expanse_tensor dinit, float* Yw, int64_t n,
+                                          int64_t elems) {
+  const int64_t b = X.shape[0], h = X.shape[2];
+  EXPANSE_GRID_LOOP(i, b * h * elems) {
+    const int64_t elem = i % elems, head = (i / elems) % h, batch = i / (elems * h);
+    auto at = [&](const expanse_tensor& t, int64_t m) {  // element `elem` of slot m of a [b,N,h,...] tensor
+      return batch * t.strides[0] + m * t.strides[1] + head * t.strides[2] + trailing_offset(X, t, elem);
+    };
+    float* Y = Yw + ((batch * h + head) * (n + 1)) * elems + elem;  // Y[m * elems]
+    // init and dinit as [b,1,h,...] views (with_chunk_axis), f32.
+    float y = init.data ? *ptrf(init, batch * init.strides[0] + head * init.strides[2] + trailing_offset(X, init, elem)) : 0.f;
+    for (int64_t m = 0; m < n; ++m) {
+      Y[m * elems] = y;
+      y = expf(*ptrf(A, off3(A, batch, m, head))) * y + to_f32(static_cast<const T*>(X.data)[at(X, m)]);
+    }
+    float G = *ptrf(dY, at(dY, n));
+    for (int64_t m = n - 1; m >= 0; --m) {
+      const float decay = expf(*ptrf(A, off3(A, batch, m, head)));
+      store_any(dX, at(dX, m), G);
+      if (decay != 0.f) atomicAdd(&dA[(batch * n + m) * h + head], decay * G * Y[m * elems]);
+      G = *ptrf(dY, at(dY, m)) + decay * G;
+    }
+    if (dinit.data) *ptrf(dinit, batch * dinit.strides[0] + head * dinit.strides[2] + trailing_offset(X, dinit, elem)) = G;
+  }
+}
+
+// x[0..count) = 0.
+[[maybe_unused]] static __global__ void zero_kernel(float* x, int64_t count) {
+  EXPANSE_GRID_LOOP(i, count) x[i] = 0.f;
+}
+
+// A contiguous [b,n,h] f32 array into a strided [b,n,h] tensor.
+[[maybe_unused]] static __global__ void copy_to_tensor3_kernel(const float* src, expanse_tensor dst) {
+  const int64_t n = dst.shape[1], h = dst.shape[2];
+  EXPANSE_GRID_LOOP(i, dst.shape[0] * n * h) *ptrf(dst, off3(dst, i / (n * h), (i / h) % n, i % h)) = src[i];
+}
+
+}  // namespace expanse_gpu
