@@ -9,9 +9,11 @@ Arrays are numpy arrays or DLPack tensors (PyTorch, CuPy, JAX), used in place wi
 any non-negative strides; CUDA tensors stay on their device and run on the framework's current
 stream. Results come back in the framework of the first array argument. Inputs are float16,
 bfloat16 or float32 (float64 on the reference backend); states are float32 for float16, bfloat16 and
-float32 inputs and float64 for float64 inputs, on every backend. power_attention is differentiable
-with torch tensors (power_attention_backward gives the gradients to any array); the other
-operations refuse torch tensors that require grad while gradients are enabled (pass x.detach()).
+float32 inputs and float64 for float64 inputs, on every backend. With torch tensors power_attention
+and the core operations (update_state, discumsum, query_state, chunk_attention) are differentiable;
+the *_backward functions give the same gradients to any array. sympow_expand and power_attention_step
+have no backward and refuse torch tensors that require grad while gradients are enabled (pass
+x.detach()).
 
     >>> import numpy as np, expanse
     >>> rng = np.random.default_rng(0)

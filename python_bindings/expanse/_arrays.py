@@ -103,12 +103,13 @@ class _Torch:
         if not x.requires_grad:
             return x
         torch = sys.modules["torch"]
-        # An operation without a backward records no autograd graph, so its result would silently carry
-        # no gradient (power_attention reaches here only inside its autograd-registered operator,
-        # where gradients are off). Under torch.no_grad() no graph is wanted.
+        # An operation without a backward (sympow_expand, power_attention_step) records no autograd
+        # graph, so its result would silently carry no gradient. (The differentiable ones reach here
+        # inside their autograd-registered operators, where gradients are off.) Under torch.no_grad()
+        # no graph is wanted.
         if torch.is_grad_enabled():
-            raise UnsupportedError(f"{op}: argument '{name}' requires grad, but {op} has no backward pass yet "
-                                   f"(power_attention has one); pass {name}.detach() to run without gradients")
+            raise UnsupportedError(f"{op}: argument '{name}' requires grad, but {op} has no backward pass; "
+                                   f"pass {name}.detach() to run without gradients")
         return x.detach()  # a view of the same memory; DLPack refuses tensors that require grad
 
     @staticmethod

@@ -300,6 +300,15 @@ def update_state(k, v, log_g=None, *, p=2, chunk_size=_params.DEFAULT_CHUNK, lay
         (S, z): S [b, n, h, D, e] and z [b, n, h, D], n = ceil(t / chunk_size), float32 (float64
         for float64 inputs).
     """
+    if _arrays.is_torch(k):
+        from . import _torch_ops
+        return _torch_ops.call_update_state(k, v, log_g, p=p, chunk_size=chunk_size, layout=layout, backend=backend,
+                                            check_finite=_finite.resolve("update_state", check_finite))
+    return _update_state(k, v, log_g, p=p, chunk_size=chunk_size, layout=layout, backend=backend,
+                         check_finite=check_finite)
+
+
+def _update_state(k, v, log_g, *, p, chunk_size, layout, backend, check_finite):
     op = "update_state"
     p = _params.degree(op, p)
     c = _params.chunk_size(op, chunk_size, expected=">= 1")
@@ -326,6 +335,14 @@ def discumsum(X, A, Y_init=None, *, backend=None, check_finite=None):
         Y [b, n+1, h, ...]: Y[:, m] is the state entering chunk m, Y[:, n] the final state;
         float32 (float64 for float64 X).
     """
+    if _arrays.is_torch(X):
+        from . import _torch_ops
+        return _torch_ops.call_discumsum(X, A, Y_init, backend=backend,
+                                         check_finite=_finite.resolve("discumsum", check_finite))
+    return _discumsum(X, A, Y_init, backend=backend, check_finite=check_finite)
+
+
+def _discumsum(X, A, Y_init, *, backend, check_finite):
     op = "discumsum"
 
     return _call(op, {"X": X, "A": A, "Y_init": Y_init}, {"Y": ""}, backend=backend, required=("X", "A"),
@@ -354,6 +371,16 @@ def query_state(q, S, z=None, log_g=None, *, intra=None, p=2, scale=None, chunk_
     Returns:
         o [b, t, hq, e] in q's dtype.
     """
+    if _arrays.is_torch(q):
+        from . import _torch_ops
+        return _torch_ops.call_query_state(q, S, z, log_g, intra=intra, p=p, scale=scale, chunk_size=chunk_size,
+                                           normalize=normalize, layout=layout, backend=backend,
+                                           check_finite=_finite.resolve("query_state", check_finite))
+    return _query_state(q, S, z, log_g, intra=intra, p=p, scale=scale, chunk_size=chunk_size, normalize=normalize,
+                        layout=layout, backend=backend, check_finite=check_finite)
+
+
+def _query_state(q, S, z, log_g, *, intra, p, scale, chunk_size, normalize, layout, backend, check_finite):
     op = "query_state"
     p = _params.degree(op, p)
     c = _params.chunk_size(op, chunk_size, expected=">= 1")
@@ -387,6 +414,15 @@ def chunk_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=_params.
     Returns:
         (y, l, rowmax): y [b, t, hq, e], l and rowmax [b, t, hq], float32 (float64 for float64 inputs).
     """
+    if _arrays.is_torch(q):
+        from . import _torch_ops
+        return _torch_ops.call_chunk_attention(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size, backend=backend,
+                                               check_finite=_finite.resolve("chunk_attention", check_finite))
+    return _chunk_attention(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size, backend=backend,
+                            check_finite=check_finite)
+
+
+def _chunk_attention(q, k, v, log_g, *, p, scale, chunk_size, backend, check_finite):
     op = "chunk_attention"
     p = _params.degree(op, p)
     # None: one chunk over the whole sequence, which the C ABI spells 0.
@@ -440,8 +476,8 @@ def query_state_backward(q, S, z, log_g, do, *, intra=None, o=None, p=2, scale=N
     normalize = _params.flag(op, "normalize", normalize)
     y, l, rowmax = _intra(op, intra)
     if normalize and o is None:
-        o = query_state(q, S, z, log_g, intra=intra, p=p, scale=scale, chunk_size=chunk_size, normalize=True,
-                        layout=layout, backend=backend, check_finite=check_finite)
+        o = _query_state(q, S, z, log_g, intra=intra, p=p, scale=scale, chunk_size=chunk_size, normalize=True,
+                         layout=layout, backend=backend, check_finite=check_finite)
     outputs = {"dq": "", "dS": ""}
     for name, given in (("dz", z), ("dlog_g", log_g), ("dy", y), ("dl", l)):
         if given is not None:

@@ -879,24 +879,26 @@ def test_torch_cpu_tensors(rng):
 
 @pytest.mark.parametrize("name", ["q", "k", "v", "log_g"])
 def test_torch_requires_grad_is_refused(rng, name):
-    """An operation without a backward (chunk_attention here) refuses a tensor that requires grad by
-    name while gradients are enabled (never silently detached), and runs under torch.no_grad()."""
+    """An operation without a backward (the decoding step) refuses a tensor that requires grad by name
+    while gradients are enabled (never silently detached), and runs under torch.no_grad()."""
     torch = pytest.importorskip("torch", reason="skipped: PyTorch is not installed")
-    q, k, v = qkv(rng, 1, 12, 2, 2, 4, 3, np.float32)
-    args = dict(q=torch.from_numpy(q), k=torch.from_numpy(k), v=torch.from_numpy(v),
-                log_g=torch.from_numpy(gates(rng, 1, 12, 2).astype(np.float32)))
+    q, k, v = qkv(rng, 1, 1, 2, 2, 4, 3, np.float32)
+    args = dict(q=torch.from_numpy(q[:, 0]), k=torch.from_numpy(k[:, 0]), v=torch.from_numpy(v[:, 0]),
+                log_g=torch.from_numpy(gates(rng, 1, 2).astype(np.float32)))
+    D = expanse.expanded_dim(4, p=2)
+    state = lambda: (torch.zeros(1, 2, D, 3), torch.ones(1, 2, D))  # noqa: E731
     args[name].requires_grad_(True)
-    message = (f"chunk_attention: argument '{name}' requires grad, but chunk_attention has no backward pass yet "
-               f"(power_attention has one); pass {name}.detach() to run without gradients")
+    message = (f"power_attention_step: argument '{name}' requires grad, but power_attention_step has no backward "
+               f"pass; pass {name}.detach() to run without gradients")
     with pytest.raises(expanse.UnsupportedError) as info:
-        expanse.chunk_attention(**args, chunk_size=4)
+        expanse.power_attention_step(**args, state=state())
     assert str(info.value) == message
     assert isinstance(info.value, NotImplementedError) and isinstance(info.value, RuntimeError)
     with torch.no_grad():
-        y, l, m = expanse.chunk_attention(**args, chunk_size=4)
-    assert not y.requires_grad
+        o = expanse.power_attention_step(**args, state=state())
+    assert not o.requires_grad
     args[name] = args[name].detach()
-    assert np.array_equal(expanse.chunk_attention(**args, chunk_size=4)[0].numpy(), y.numpy())
+    assert np.array_equal(expanse.power_attention_step(**args, state=state()).numpy(), o.numpy())
 
 
 def _loss(q, k, v, log_g, do, dfinal, **kw):

@@ -70,3 +70,49 @@ def test_power_attention_layer_trains():
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layer.parameters())
+
+
+def test_core_operations_gradcheck():
+    """update_state, discumsum, query_state and chunk_attention are differentiable (f64, reference)."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, log_g = (x.requires_grad_() for x in _inputs(gen, t=9, d=3, e=2))
+    assert torch.autograd.gradcheck(lambda k, v, g: expanse.update_state(k, v, g, chunk_size=4), (k, v, log_g))
+    X = torch.randn(1, 3, 2, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    A = (-torch.rand(1, 3, 2, dtype=torch.float64, generator=gen)).requires_grad_()
+    Y0 = torch.randn(1, 2, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    assert torch.autograd.gradcheck(expanse.discumsum, (X, A, Y0))
+    S, z = (x.detach() for x in expanse.update_state(k, v, log_g, chunk_size=4))
+    y, l, rowmax = (x.detach() for x in expanse.chunk_attention(q, k, v, log_g, chunk_size=4))
+    S, z, y, l = (x.requires_grad_() for x in (S, z + 1, y, l))
+    assert torch.autograd.gradcheck(
+        lambda q, S, z, g, y, l: expanse.query_state(q, S, z, g, intra=(y, l, rowmax), chunk_size=4),
+        (q, S, z, log_g, y, l))
+    # rowmax is a stabilizer without a gradient: the gradients are those of y and l at a fixed rowmax,
+    # i.e. of y exp(rowmax - rowmax_0) and l exp(rowmax - rowmax_0), which do not depend on it.
+    def fixed_rowmax(q, k, v, g):
+        y2, l2, m2 = expanse.chunk_attention(q, k, v, g, chunk_size=4)
+        f = torch.exp(m2 - rowmax)
+        return y2 * f[..., None], l2 * f
+
+    assert torch.autograd.gradcheck(fixed_rowmax, (q, k, v, log_g))
+
+
+def test_core_operations_compose_to_power_attention():
+    """The chunked algorithm written with the core operations in PyTorch gives power_attention's
+    gradients (autograd through the four operators)."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, log_g = (x.requires_grad_() for x in _inputs(gen, t=20, d=4, e=3))
+    c, n = 8, 3
+
+    def composed(q, k, v, log_g):
+        S, z = expanse.update_state(k, v, log_g, chunk_size=c)
+        A = torch.stack([log_g[:, m * c:(m + 1) * c].sum(1) for m in range(n)], 1)
+        S_in, z_in = expanse.discumsum(S, A)[:, :n], expanse.discumsum(z, A)[:, :n]
+        y, l, rowmax = expanse.chunk_attention(q, k, v, log_g, chunk_size=c)
+        return expanse.query_state(q, S_in, z_in, log_g, intra=(y, l, rowmax), chunk_size=c)
+
+    do = torch.randn(1, 20, 4, 3, dtype=torch.float64, generator=gen)
+    mine = torch.autograd.grad((composed(q, k, v, log_g) * do).sum(), (q, k, v, log_g))
+    ref = torch.autograd.grad((expanse.power_attention(q, k, v, log_g, chunk_size=c) * do).sum(), (q, k, v, log_g))
+    for a, b in zip(mine, ref):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
