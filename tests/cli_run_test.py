@@ -294,7 +294,7 @@ try:
             break
         shown += chunk
     expect("check shows progress on a terminal's stderr", proc.returncode == 0 and b"[1/1] power_attention" in shown,
-           repr(shown[:200]))
+           f"exit {proc.returncode}; stdout {proc.stdout[-400:]!r}; stderr {shown[-600:]!r}")
 finally:
     if follower is not None:
         os.close(follower)

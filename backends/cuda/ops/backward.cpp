@@ -1,13 +1,12 @@
-// The backward operations on the CUDA backend: for now only the SIMT implementations every GPU
-// backend shares (gpu/ops/); the tensor-core kernels of issue 19 go before them.
+// The backward operations of the core operations on the CUDA backend: for now only the SIMT
+// implementations every GPU backend shares (gpu/ops/). power_attention_backward's list is in
+// ops/power_attention_backward.cu, with its tensor-core implementation.
 #include "dispatch.hpp"
 #include "gpu/ops/implementations.hpp"
 
 namespace expanse_cuda {
 namespace {
 
-const registered_list kPowerAttention(cuda_lists(), EXPANSE_OP_POWER_ATTENTION_BACKWARD,
-                                     {expanse_gpu::power_attention_backward_simple});
 const registered_list kUpdateState(cuda_lists(), EXPANSE_OP_UPDATE_STATE_BACKWARD,
                                    {expanse_gpu::update_state_backward_simple});
 const registered_list kDiscumsum(cuda_lists(), EXPANSE_OP_DISCUMSUM_BACKWARD, {expanse_gpu::discumsum_backward_simple});

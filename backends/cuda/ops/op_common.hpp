@@ -15,6 +15,13 @@ namespace expanse_cuda {
 
 using namespace expanse_gpu;
 
+// Calls f(T{}) with T the b16 type of an f16/bf16 dtype.
+template <class F>
+void with_b16_type(int32_t dtype, F&& f) {
+  if (dtype == EXPANSE_F16) f(__half{});
+  else f(__nv_bfloat16{});
+}
+
 // The tensor-core kernels' instantiations: calls f(T{}, DH, E) with T the b16 type of an f16/bf16
 // dtype and DH, E the head dims d, e (each 32, 64 or 128) as std::integral_constant values.
 template <class F>

@@ -1,18 +1,92 @@
-// power_attention_backward's SIMT implementation (gpu/kernels/power_attention_backward.hpp), shared by
-// every GPU backend: correct for any shape the kernels hold (d, e <= 256), and a baseline for the
-// tensor-core implementations, not a fast path. The forward states come from update_state and
-// discumsum through the backend's lists, as in the forward.
+// power_attention_backward's SIMT implementation (gpu/kernels/backward_simple.hpp), shared by every
+// GPU backend: correct for any shape the kernels hold (d, e <= 256), and a baseline for the
+// tensor-core implementations, not a fast path. Also the steps every implementation shares: the
+// forward sweep (the states entering each chunk, from update_state and discumsum through the
+// backend's lists, as in the forward) and the gates' gradient at the end.
+#include "gpu/ops/power_attention_backward.hpp"
+
 #include "gpu/kernels/backward_simple.hpp"
-#include "gpu/ops/common.hpp"
 #include "gpu/ops/discumsum.hpp"
 #include "gpu/ops/implementations.hpp"
 
 namespace expanse_gpu {
-namespace {
 
-enum step_slot { kUpdateState = 1, kDiscumsumS, kDiscumsumZ };
+backward_plan plan_backward(const expanse_op& op) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = args_of<expanse_power_attention_backward_args>(op);
+  backward_plan plan;
+  // Forward states exist where a chunk starts from one; cotangent states where a chunk's keys see one.
+  plan.forward_states = pb.n > 1 || a.initial_S != nullptr;
+  plan.cotangent_states = pb.n > 1 || a.dfinal_S != nullptr || a.dfinal_z != nullptr || a.dinitial_S != nullptr ||
+                          a.dinitial_z != nullptr;
+  plan.need_z = pb.normalize || a.initial_z != nullptr || a.dfinal_z != nullptr;
+  plan.final_term = a.dlog_g != nullptr && (a.dfinal_S != nullptr || a.dfinal_z != nullptr);
+  return plan;
+}
 
-}  // namespace
+forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,
+                                       launch_context& lc) {
+  enum step_slot { kUpdateState = 1, kDiscumsumS, kDiscumsumZ };
+  static_assert(kDiscumsumZ == kForwardSweepSlots, "the slots the sweep takes");
+  const expanse_problem& pb = *op.problem;
+  const auto& a = args_of<expanse_power_attention_backward_args>(op);
+  const expanse_tensor& dev = *a.q;
+  const int64_t states = pb.b * pb.n * pb.h * pb.D, heads = pb.b * pb.h;
+  forward_sweep fw{};
+  if (!plan.forward_states && !plan.final_term) return fw;
+  fw.S = f32_view(lc.ws.take<float>(size_t(states * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
+  if (plan.need_z) fw.z = f32_view(lc.ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, dev);
+  if (plan.final_term) {
+    fw.S_final = f32_view(lc.ws.take<float>(size_t(heads * pb.D * pb.e)), {pb.b, pb.h, pb.D, pb.e}, dev);
+    if (plan.need_z) fw.z_final = f32_view(lc.ws.take<float>(size_t(heads * pb.D)), {pb.b, pb.h, pb.D}, dev);
+  }
+  launch_context steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &shared};
+  expanse_update_state_args upd{a.k, a.v, a.log_g, &fw.S, fw.z.data ? &fw.z : nullptr, pb.p, pb.c, pb.layout};
+  expanse_problem upd_pb = pb;
+  upd_pb.output_dtype = upd_pb.state_dtype = EXPANSE_F32;
+  upd_pb.has_initial_state = upd_pb.want_final_state = upd_pb.has_intra = 0;
+  lc.dispatch.run_step({EXPANSE_OP_UPDATE_STATE, &upd, &upd_pb, nullptr}, kUpdateState, steps);
+  expanse_tensor A{};
+  if (shared.g.total) {  // the chunk totals, stored [b,h,n], as a [b,n,h] view
+    A = f32_view(const_cast<float*>(shared.g.total), {pb.b, pb.n, pb.h}, dev);
+    A.strides[0] = pb.h * pb.n, A.strides[1] = 1, A.strides[2] = pb.n;
+  }
+  auto scan = [&](expanse_tensor& X, const expanse_tensor* initial, expanse_tensor& fin, int64_t rows, int slot) {
+    const discumsum_step_args scan_args{{&X, A.data ? &A : nullptr, initial, &X}, fin.data ? &fin : nullptr};
+    expanse_problem scan_pb = upd_pb;
+    scan_pb.input_dtype = EXPANSE_F32;
+    scan_pb.rows = rows;
+    scan_pb.has_initial_state = initial != nullptr;
+    scan_pb.want_final_state = 1;  // the step form
+    lc.dispatch.run_step({EXPANSE_OP_DISCUMSUM, &scan_args, &scan_pb, nullptr}, slot, steps);
+  };
+  scan(fw.S, a.initial_S, fw.S_final, pb.D * pb.e, kDiscumsumS);
+  if (fw.z.data) scan(fw.z, a.initial_z, fw.z_final, pb.D, kDiscumsumZ);
+  if (!plan.forward_states) fw.S = fw.z = expanse_tensor{};  // only the final state was wanted
+  return fw;
+}
+
+float* take_final_sums(const expanse_op& op, const backward_plan& plan, workspace& ws) {
+  const expanse_problem& pb = *op.problem;
+  return plan.final_term ? ws.take<float>(size_t(pb.b * pb.h)) : nullptr;
+}
+
+void launch_gate_gradients(const expanse_op& op, const forward_sweep& fw, backward_work w, float* final_sums,
+                           launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = args_of<expanse_power_attention_backward_args>(op);
+  const int64_t heads = pb.b * pb.h;
+  if (final_sums && heads > 0) {
+    final_term_kernel<<<unsigned(heads), kBackwardThreads, 0, lc.stream>>>(
+        tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), static_cast<const float*>(fw.S_final.data),
+        static_cast<const float*>(fw.z_final.data), pb, final_sums);
+    check_launch("power_attention_backward final term");
+  }
+  if (a.dlog_g && heads > 0 && pb.t > 0) {
+    gate_gradients_kernel<<<unsigned(heads), kBackwardThreads, 0, lc.stream>>>(*a.log_g, *a.dlog_g, w, final_sums, pb);
+    check_launch("power_attention_backward dlog_g");
+  }
+}
 
 std::string power_attention_backward_simple_declines(const expanse_op& op, const device_props&) {
   const expanse_problem& pb = *op.problem;
@@ -30,12 +104,7 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
   const expanse_tensor& dev = *a.q;
-  // Forward states exist where a chunk starts from one; cotangent states where a chunk's keys see one.
-  const bool forward_states = pb.n > 1 || a.initial_S != nullptr;
-  const bool cotangent_states = pb.n > 1 || a.dfinal_S != nullptr || a.dfinal_z != nullptr || a.dinitial_S != nullptr ||
-                                a.dinitial_z != nullptr;
-  const bool need_z = pb.normalize || a.initial_z != nullptr || a.dfinal_z != nullptr;
-  const bool final_term = a.dlog_g != nullptr && (a.dfinal_S != nullptr || a.dfinal_z != nullptr);
+  const backward_plan plan = plan_backward(op);
 
   step_inputs shared;
   shared.phi = make_phi_tables(pb, lc);
@@ -46,49 +115,14 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
   w.dden = lc.ws.take<float>(size_t(tokens * pb.hq));
   w.qdq = lc.ws.take<float>(size_t(tokens * pb.hq));
   w.kdk = lc.ws.take<float>(size_t(tokens * pb.h));
-  // The forward sweep: update_state then discumsum in place, as the forward runs them. It also
-  // yields the final state when the gates' gradient needs <dfinal, final>.
-  expanse_tensor S{}, z{}, S_final{}, z_final{};
-  if (forward_states || final_term) {
-    S = f32_view(lc.ws.take<float>(size_t(states * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
-    if (need_z) z = f32_view(lc.ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, dev);
-  }
-  if (final_term) {
-    S_final = f32_view(lc.ws.take<float>(size_t(heads * pb.D * pb.e)), {pb.b, pb.h, pb.D, pb.e}, dev);
-    if (need_z) z_final = f32_view(lc.ws.take<float>(size_t(heads * pb.D)), {pb.b, pb.h, pb.D}, dev);
-  }
+  const forward_sweep fw = recompute_forward_states(op, plan, shared, lc);
   backward_states st{};
-  if (cotangent_states) {
+  if (plan.cotangent_states) {
     st.dY = f32_view(lc.ws.take<float>(size_t(states * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
-    if (need_z || a.dinitial_z) st.dZ = f32_view(lc.ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, dev);
+    if (plan.need_z || a.dinitial_z) st.dZ = f32_view(lc.ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, dev);
   }
-  float* final_sums = final_term ? lc.ws.take<float>(size_t(heads)) : nullptr;
-
-  launch_context steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &shared};
-  if (S.data) {
-    expanse_update_state_args upd{a.k, a.v, a.log_g, &S, z.data ? &z : nullptr, pb.p, pb.c, pb.layout};
-    expanse_problem upd_pb = pb;
-    upd_pb.output_dtype = upd_pb.state_dtype = EXPANSE_F32;
-    upd_pb.has_initial_state = upd_pb.want_final_state = upd_pb.has_intra = 0;
-    lc.dispatch.run_step({EXPANSE_OP_UPDATE_STATE, &upd, &upd_pb, nullptr}, kUpdateState, steps);
-    expanse_tensor A{};
-    if (shared.g.total) {  // the chunk totals, stored [b,h,n], as a [b,n,h] view
-      A = f32_view(const_cast<float*>(shared.g.total), {pb.b, pb.n, pb.h}, dev);
-      A.strides[0] = pb.h * pb.n, A.strides[1] = 1, A.strides[2] = pb.n;
-    }
-    auto scan = [&](expanse_tensor& X, const expanse_tensor* initial, expanse_tensor& fin, int64_t rows, int slot) {
-      const discumsum_step_args scan_args{{&X, A.data ? &A : nullptr, initial, &X}, fin.data ? &fin : nullptr};
-      expanse_problem scan_pb = upd_pb;
-      scan_pb.input_dtype = EXPANSE_F32;
-      scan_pb.rows = rows;
-      scan_pb.has_initial_state = initial != nullptr;
-      scan_pb.want_final_state = 1;  // the step form
-      lc.dispatch.run_step({EXPANSE_OP_DISCUMSUM, &scan_args, &scan_pb, nullptr}, slot, steps);
-    };
-    scan(S, a.initial_S, S_final, pb.D * pb.e, kDiscumsumS);
-    if (z.data) scan(z, a.initial_z, z_final, pb.D, kDiscumsumZ);
-  }
-  if (forward_states) st.S = S, st.z = z;
+  float* final_sums = take_final_sums(op, plan, lc.ws);
+  st.S = fw.S, st.z = fw.z;
   if (lc.ws.sizing()) return;
 
   const backward_tensors in{*a.q, *a.k, *a.v, tensor_or_empty(a.o), *a.dout, {}, {}, *a.dq, *a.dk, *a.dv};
@@ -109,8 +143,8 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
   });
   if (st.dY.data && heads * pb.D > 0) {
     reverse_scan_kernel<<<grid_for(heads * pb.D * (pb.e + 1), 256), 256, 0, lc.stream>>>(
-        st, g, pb, tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), tensor_or_empty(a.dinitial_S),
-        tensor_or_empty(a.dinitial_z));
+        st, expanse_tensor{}, expanse_tensor{}, g, pb, tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z),
+        tensor_or_empty(a.dinitial_S), tensor_or_empty(a.dinitial_z));
     check_launch("power_attention_backward reverse scan");
   }
   with_input_type(pb.input_dtype, [&](auto tag) {
@@ -121,16 +155,7 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
     key_gradients_kernel<T><<<key_blocks, kBackwardThreads, 0, lc.stream>>>(in, st, w, g, table, pb, form);
     check_launch("power_attention_backward dk, dv");
   });
-  if (final_sums && heads > 0) {
-    final_term_kernel<<<unsigned(heads), kBackwardThreads, 0, lc.stream>>>(
-        tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), static_cast<const float*>(S_final.data),
-        static_cast<const float*>(z_final.data), pb, final_sums);
-    check_launch("power_attention_backward final term");
-  }
-  if (a.dlog_g && heads > 0 && pb.t > 0) {
-    gate_gradients_kernel<<<unsigned(heads), kBackwardThreads, 0, lc.stream>>>(*a.log_g, *a.dlog_g, w, final_sums, pb);
-    check_launch("power_attention_backward dlog_g");
-  }
+  launch_gate_gradients(op, fw, w, final_sums, lc);
 }
 
 }  // namespace expanse_gpu

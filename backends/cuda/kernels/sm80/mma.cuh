@@ -150,4 +150,40 @@ __device__ __forceinline__ uint4 mul2x4(const uint4& a, const uint4& b) {
   return make_uint4(mul2<T>(a.x, b.x), mul2<T>(a.y, b.y), mul2<T>(a.z, b.z), mul2<T>(a.w, b.w));
 }
 
+// Warp tile products. c = A B^T: A is this warp's 16 rows over W (as A fragments), B the 64 rows of
+// a [64][W] b16 tile in shared memory (row stride `stride`); c is 16 x 64 as 8 n-tiles.
+template <class T, int W>
+__device__ __forceinline__ void rows_times_rows(float (&c)[8][4], const uint32_t (&a)[W / 16][4], const T* b_rows,
+                                                int stride, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[nt][i] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < W / 16; kk += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b_rows + (nt * 8 + (lane & 7)) * stride + kk * 16 + (lane >> 3) * 8);
+      mma_16816<T>(c[nt], a[kk], b);
+      if (kk + 1 < W / 16) mma_16816<T>(c[nt], a[kk + 1], b + 2);
+    }
+  }
+}
+
+// acc (16 x W) += A (16 x 64, as A fragments over the 64) times a [64][W] b16 tile in shared memory.
+template <class T, int W>
+__device__ __forceinline__ void add_times_tile(float (&acc)[W / 8][4], const uint32_t (&a)[4][4], const T* tile,
+                                               int stride, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const int brow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int np = 0; np < W / 16; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, tile + brow * stride + np * 16 + (lane >> 4) * 8);
+      mma_16816<T>(acc[2 * np], a[kk], b);
+      mma_16816<T>(acc[2 * np + 1], a[kk], b + 2);
+    }
+  }
+}
+
 }  // namespace expanse_cuda

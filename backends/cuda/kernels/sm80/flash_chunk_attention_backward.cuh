@@ -1,0 +1,247 @@
+// The intra-chunk pairs of power_attention_backward, flash style on tensor cores (mma.sync, sm_80+).
+// With the query cotangents dnum_i = r_i dout_i (r_i = 1 / den_i, or 1 unnormalized) and dden_i given
+// (docs/spec.md "Gradients", chunked form), for the pairs j <= i of one chunk (keys before a query's
+// last reset masked):
+//   A_ij = s_ij^p exp(Gc_i - Gc_j),  s_ij = scale q_i . k_j,  M_ij = r_i dout_i . v_j + dden_i,
+//   B_ij = p s_ij^(p-1) exp(Gc_i - Gc_j) M_ij
+//   dv_j = sum_i (r_i A_ij) dout_i,  dk_j = scale sum_i B_ij q_i,  dq_i += sum_j B_ij k_j (unscaled)
+// The products take dout itself (the input, exact in b16) and apply r_i in f32: dnum rounded to b16
+// would make M_ij = r_i dout_i . (v_j - o_i) lose its digits where v_j is close to o_i (a query that
+// sees one key). No stabilizer is needed: r_i A_ij <= 1 (normalized). The gates' gradient needs
+// q_i . dq_i and k_j . dk_j of the pairs, p sum_j A_ij M_ij and p sum_i A_ij M_ij: their row and
+// column sums are taken from the same f32 values, so that the differences the gates' gradient sums
+// stay exact where they telescope.
+//
+// CTA: 4 warps and one block of 64 keys of one chunk and kv head; each warp owns 16 keys (their dk,
+// dv accumulate in registers over every query block of the chunk at or after the key block, for
+// every query head of the kv head). Per query block the warp computes S^T = K Q^T and
+// dP^T = V dnum^T (16 keys x 64 queries), then dV += A^T dnum and dK += B^T Q; B^T goes through
+// shared memory so that each warp can form dQ for 16 queries against all 64 keys, added to the f32
+// dq accumulator with atomics (other key blocks add to the same rows).
+#pragma once
+
+#include "kernels/common.cuh"
+#include "kernels/sm80/mma.cuh"
+
+namespace expanse_cuda {
+
+struct flash_backward_params {
+  const void* q;
+  const void* k;
+  const void* v;
+  int64_t q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh;  // last dims contiguous
+  const void* dout;   // [b,t,hq,e], the input dtype, last dim contiguous
+  int64_t o_sb, o_st, o_sh;
+  const float* rden;  // [b,t,hq]: r_i; null: 1 (unnormalized)
+  const float* dden;  // [b,t,hq]; null: 0 (unnormalized)
+  float* row_am;      // [b,t,hq] f32: sum_j A_ij M_ij, added to
+  float* key_am;      // [b,t,h] f32: sum over query heads and i of A_ij M_ij, written
+  float* dq;          // [b,t,hq,d] f32, contiguous: added to
+  float* dk;          // [b,t,h,d] f32, contiguous: written
+  float* dv;          // [b,t,h,e] f32, contiguous: written
+  gates g;
+  int64_t t, c, n, h, hq;
+  int p, key_tiles;
+  float scale;
+};
+
+namespace flash_backward_cfg {
+constexpr int kThreads = 128, kKeys = 64, kRows = 64;
+}
+
+template <class T, int DH, int E>
+constexpr size_t flash_backward_smem() {
+  using namespace flash_backward_cfg;
+  return (size_t(kKeys) * (DH + 8) + size_t(kKeys) * (E + 8) + size_t(kRows) * (DH + 8) + size_t(kRows) * (E + 8) +
+          size_t(kKeys) * (kRows + 8)) * sizeof(T) +
+         (3 * kRows + kKeys) * sizeof(float) + kRows * sizeof(int);
+}
+
+// x^k for a small non-negative k.
+__device__ __forceinline__ float small_power(float x, int k) {
+  float r = 1.f;
+  for (int i = 0; i < k; ++i) r *= x;
+  return r;
+}
+
+template <class T, int DH, int E>
+__global__ void __launch_bounds__(128) flash_chunk_attention_backward_kernel(flash_backward_params P) {
+  using namespace flash_backward_cfg;
+  constexpr int kKS = DH + 8, kVS = E + 8, kBS = kRows + 8;
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* ks = reinterpret_cast<T*>(smem_raw);  // [kKeys][kKS]
+  T* vs = ks + kKeys * kKS;                // [kKeys][kVS]
+  T* qs = vs + kKeys * kVS;                // [kRows][kKS]
+  T* ds = qs + kRows * kKS;                // [kRows][kVS]: dout
+  T* bts = ds + kRows * kVS;               // [kKeys][kBS]: B^T of the query block
+  float* gk = reinterpret_cast<float*>(bts + kKeys * kBS);  // restarted Gc of the keys, base 2
+  float* gq = gk + kKeys;                                    // of the query rows
+  float* dd = gq + kRows;                                    // dden of the query rows
+  float* rd = dd + kRows;                                    // r of the query rows
+  int* fk = reinterpret_cast<int*>(rd + kRows);              // first key of each query row
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  const cta_coords at = decode_cta(P.key_tiles, P.h, P.n);
+  const int64_t kv = at.head, m = at.chunk, batch = at.batch, bh = batch * P.h + kv;
+  const int64_t first = m * P.c, len = min(P.c, P.t - first);
+  const int k0 = at.tile * kKeys;
+  if (k0 >= len) return;
+  const int64_t group = P.hq / P.h;
+
+  const T* kbase = static_cast<const T*>(P.k) + batch * P.k_sb + kv * P.k_sh;
+  const T* vbase = static_cast<const T*>(P.v) + batch * P.v_sb + kv * P.v_sh;
+  for (int vi = tid; vi < kKeys * DH / 8; vi += kThreads) {
+    const int s = vi / (DH / 8), c8 = vi % (DH / 8);
+    *reinterpret_cast<uint4*>(ks + s * kKS + c8 * 8) =
+        k0 + s < len ? *reinterpret_cast<const uint4*>(kbase + (first + k0 + s) * P.k_st + c8 * 8) : make_uint4(0, 0, 0, 0);
+  }
+  for (int vi = tid; vi < kKeys * E / 8; vi += kThreads) {
+    const int s = vi / (E / 8), c8 = vi % (E / 8);
+    *reinterpret_cast<uint4*>(vs + s * kVS + c8 * 8) =
+        k0 + s < len ? *reinterpret_cast<const uint4*>(vbase + (first + k0 + s) * P.v_st + c8 * 8) : make_uint4(0, 0, 0, 0);
+  }
+  if (tid < kKeys) gk[tid] = k0 + tid < len ? P.g.since_reset(bh, P.t, first + k0 + tid) * kLog2e : 0.f;
+  __syncthreads();
+
+  // This warp's 16 keys and values as A fragments.
+  uint32_t ka[DH / 16][4], va[E / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < DH / 16; ++kk) ldmatrix_x4(ka[kk], ks + (warp * 16 + (lane & 15)) * kKS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+  for (int kk = 0; kk < E / 16; ++kk) ldmatrix_x4(va[kk], vs + (warp * 16 + (lane & 15)) * kVS + kk * 16 + (lane >> 4) * 8);
+  const int key_local[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  const float gkey[2] = {gk[warp * 16 + g], gk[warp * 16 + g + 8]};
+
+  float dk[DH / 8][4], dv[E / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dk[nt][i] = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < E / 8; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dv[nt][i] = 0.f;
+  const float pf = float(P.p);
+  float key_sum[2] = {0.f, 0.f};  // sum of A_ij M_ij over the queries, for this thread's two keys
+
+  for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh) {
+    const T* qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;
+    const T* dbase = static_cast<const T*>(P.dout) + batch * P.o_sb + qh * P.o_sh;
+    for (int q0 = k0; q0 < len; q0 += kRows) {
+      for (int vi = tid; vi < kRows * DH / 8; vi += kThreads) {
+        const int s = vi / (DH / 8), c8 = vi % (DH / 8);
+        *reinterpret_cast<uint4*>(qs + s * kKS + c8 * 8) =
+            q0 + s < len ? *reinterpret_cast<const uint4*>(qbase + (first + q0 + s) * P.q_st + c8 * 8) : make_uint4(0, 0, 0, 0);
+      }
+      for (int vi = tid; vi < kRows * E / 8; vi += kThreads) {
+        const int s = vi / (E / 8), c8 = vi % (E / 8);
+        *reinterpret_cast<uint4*>(ds + s * kVS + c8 * 8) =
+            q0 + s < len ? *reinterpret_cast<const uint4*>(dbase + (first + q0 + s) * P.o_st + c8 * 8) : make_uint4(0, 0, 0, 0);
+      }
+      if (tid < kRows) {
+        const bool in = q0 + tid < len;
+        const int64_t i = first + q0 + tid;
+        gq[tid] = in ? P.g.since_reset(bh, P.t, i) * kLog2e : 0.f;
+        fk[tid] = in ? P.g.first_key(bh, P.t, i) : int(len);  // rows past the chunk see no key
+        dd[tid] = in && P.dden ? P.dden[(batch * P.t + i) * P.hq + qh] : 0.f;
+        rd[tid] = !in ? 0.f : P.rden ? P.rden[(batch * P.t + i) * P.hq + qh] : 1.f;
+      }
+      __syncthreads();
+
+      // S^T = K Q^T and V dout^T for this warp's 16 keys and the 64 queries.
+      float st[8][4], dpt[8][4];
+      rows_times_rows<T, DH>(st, ka, qs, kKS, lane);
+      rows_times_rows<T, E>(dpt, va, ds, kVS, lane);
+      // (r A)^T and B^T, packed as A fragments over the queries (k16 slice kk = n-tiles 2kk, 2kk+1),
+      // and the sums of A M by query (over this CTA's keys, added to row_am) and by key.
+      uint32_t aa[4][4], ba[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        float a_val[4], b_val[4], am_col[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int hf = i >> 1, row = nt * 8 + 2 * tq + (i & 1), key = key_local[hf];
+          const bool valid = q0 + row >= key && key >= fk[row];
+          const float s = P.scale * st[nt][i];
+          const float decay = valid ? fast_exp2(gq[row] - gkey[hf]) : 0.f;
+          const float pw = small_power(s, P.p - 1);
+          const float a = pw * s * decay, mm = fmaf(dpt[nt][i], rd[row], dd[row]);
+          a_val[i] = a * rd[row];
+          b_val[i] = pf * pw * decay * mm;
+          key_sum[hf] = fmaf(a, mm, key_sum[hf]);
+          am_col[i & 1] = fmaf(a, mm, am_col[i & 1]);
+        }
+        if (P.row_am) {  // the query's sum over this warp's 16 keys (lanes with the same tq), then atomically over warps
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            float x = am_col[j];
+            x += __shfl_xor_sync(0xffffffffu, x, 4);
+            x += __shfl_xor_sync(0xffffffffu, x, 8);
+            x += __shfl_xor_sync(0xffffffffu, x, 16);
+            const int row = nt * 8 + 2 * tq + j;
+            if (g == 0 && q0 + row < len) atomicAdd(P.row_am + (batch * P.t + first + q0 + row) * P.hq + qh, x);
+          }
+        }
+        aa[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(a_val[0], a_val[1]);
+        aa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(a_val[2], a_val[3]);
+        ba[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(b_val[0], b_val[1]);
+        ba[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(b_val[2], b_val[3]);
+        // B^T rows are this warp's keys, columns the queries.
+        *reinterpret_cast<uint32_t*>(bts + (warp * 16 + g) * kBS + nt * 8 + 2 * tq) = ba[nt >> 1][(nt & 1) * 2];
+        *reinterpret_cast<uint32_t*>(bts + (warp * 16 + g + 8) * kBS + nt * 8 + 2 * tq) = ba[nt >> 1][(nt & 1) * 2 + 1];
+      }
+      add_times_tile<T, E>(dv, aa, ds, kVS, lane);
+      add_times_tile<T, DH>(dk, ba, qs, kKS, lane);
+      __syncthreads();  // B^T complete
+
+      // dQ for this warp's 16 queries: B (16 queries x 64 keys, read transposed from B^T) times K.
+      uint32_t bq[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const int mat = lane >> 3;
+        ldmatrix_x4_trans(bq[kk], bts + (kk * 16 + (lane & 7) + (mat >> 1) * 8) * kBS + warp * 16 + (mat & 1) * 8);
+      }
+      float dqa[DH / 8][4];
+#pragma unroll
+      for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dqa[nt][i] = 0.f;
+      add_times_tile<T, DH>(dqa, bq, ks, kKS, lane);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = q0 + warp * 16 + g + 8 * hf;
+        if (row >= len) continue;
+        float* out = P.dq + ((batch * P.t + first + row) * P.hq + qh) * DH;
+#pragma unroll
+        for (int nt = 0; nt < DH / 8; ++nt) {
+          atomicAdd(out + nt * 8 + 2 * tq, dqa[nt][2 * hf]);
+          atomicAdd(out + nt * 8 + 2 * tq + 1, dqa[nt][2 * hf + 1]);
+        }
+      }
+      __syncthreads();  // before the next block overwrites qs, ds, bts
+    }
+  }
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    key_sum[hf] += __shfl_xor_sync(0xffffffffu, key_sum[hf], 1);
+    key_sum[hf] += __shfl_xor_sync(0xffffffffu, key_sum[hf], 2);
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    if (key_local[hf] >= len) continue;
+    const int64_t j = batch * P.t + first + key_local[hf];
+    if (P.key_am && tq == 0) P.key_am[j * P.h + kv] = key_sum[hf];
+    float* dk_row = P.dk + (j * P.h + kv) * DH;
+    float* dv_row = P.dv + (j * P.h + kv) * E;
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+      *reinterpret_cast<float2*>(dk_row + nt * 8 + 2 * tq) = make_float2(P.scale * dk[nt][2 * hf], P.scale * dk[nt][2 * hf + 1]);
+#pragma unroll
+    for (int nt = 0; nt < E / 8; ++nt)
+      *reinterpret_cast<float2*>(dv_row + nt * 8 + 2 * tq) = make_float2(dv[nt][2 * hf], dv[nt][2 * hf + 1]);
+  }
+}
+
+}  // namespace expanse_cuda
