@@ -164,29 +164,20 @@ __global__ void query_cotangent_states_kernel(expanse_tensor q, backward_states 
 }
 
 // One thread per state entry (batch, kv head, entry of D*e, then the D of z): the reverse scan over
-// st.dY, st.dZ. Chunk m's input X_m is read from Xs, Xz ([b,n,H,D,e], [b,n,H,D]; the H / h heads of a kv
-// head summed) or, where their data is null, from st.dY, st.dZ in place. dfinal_S/z and
-// dinitial_S/z with null data where absent.
-[[maybe_unused]] static __global__ void reverse_scan_kernel(backward_states st, expanse_tensor Xs, expanse_tensor Xz, gates g,
-                                                            expanse_problem pb, expanse_tensor dfinal_S, expanse_tensor dfinal_z,
-                                                            expanse_tensor dinitial_S, expanse_tensor dinitial_z) {
+// st.dY, st.dZ in place. dfinal_S/z and dinitial_S/z with null data where absent.
+[[maybe_unused]] static __global__ void reverse_scan_kernel(backward_states st, gates g, expanse_problem pb, expanse_tensor dfinal_S,
+                                    expanse_tensor dfinal_z, expanse_tensor dinitial_S, expanse_tensor dinitial_z) {
   const int64_t De = pb.D * pb.e, per_head = De + (st.dZ.data ? pb.D : 0);
   EXPANSE_GRID_LOOP(idx, pb.b * pb.h * per_head) {
     const int64_t entry = idx % per_head, kv = (idx / per_head) % pb.h, batch = idx / (per_head * pb.h);
     const bool is_z = entry >= De;
     const int64_t r = is_z ? entry - De : entry / pb.e, col = is_z ? 0 : entry % pb.e;
-    const expanse_tensor& src = is_z ? Xz : Xs;
-    const int64_t group = src.data ? src.shape[2] / pb.h : 1;
     float cur = 0.f;
     if (!is_z && dfinal_S.data) cur = *ptrf(dfinal_S, off4(dfinal_S, batch, kv, r, col));
     if (is_z && dfinal_z.data) cur = *ptrf(dfinal_z, off3(dfinal_z, batch, kv, r));
     for (int64_t m = pb.n - 1; m >= 0; --m) {
       float* slot = is_z ? ptrf(st.dZ, off4(st.dZ, batch, m, kv, r)) : ptrf(st.dY, off5(st.dY, batch, m, kv, r, col));
-      float x = 0.f;
-      if (!src.data) x = *slot;
-      else
-        for (int64_t head = kv * group; head < (kv + 1) * group; ++head)
-          x += is_z ? *ptrf(src, off4(src, batch, m, head, r)) : *ptrf(src, off5(src, batch, m, head, r, col));
+      const float x = *slot;
       *slot = cur;  // dY_{m+1}: what chunk m's keys see
       cur = expf(g.chunk_total(batch * pb.h + kv, pb.n, m)) * cur + x;
     }

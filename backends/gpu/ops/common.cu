@@ -102,4 +102,21 @@ expanse_tensor f32_view(float* data, std::initializer_list<int64_t> shape, const
   return t;
 }
 
+expanse_tensor totals_view(const gates& g, const expanse_problem& pb, const expanse_tensor& like) {
+  expanse_tensor A = f32_view(const_cast<float*>(g.total), {pb.b, pb.n, pb.h}, like);
+  A.strides[0] = pb.h * pb.n;
+  A.strides[1] = 1;
+  A.strides[2] = pb.n;
+  return A;
+}
+
+expanse_problem step_problem(const expanse_problem& pb, int32_t input_dtype, int32_t output_dtype) {
+  expanse_problem step = pb;
+  step.input_dtype = input_dtype;
+  step.output_dtype = output_dtype;
+  step.state_dtype = EXPANSE_F32;
+  step.has_initial_state = step.want_final_state = step.has_intra = 0;
+  return step;
+}
+
 }  // namespace expanse_gpu

@@ -74,4 +74,11 @@ inline expanse_tensor tensor_or_empty(const expanse_tensor* t) { return t ? *t :
 // A contiguous f32 tensor over workspace memory, on the device of `like`.
 expanse_tensor f32_view(float* data, std::initializer_list<int64_t> shape, const expanse_tensor& like);
 
+// A [b,n,h]-indexed view of the chunk totals of `g`, stored [b,h,n] (discumsum's A).
+expanse_tensor totals_view(const gates& g, const expanse_problem& pb, const expanse_tensor& like);
+
+// A step of a composed operation (power_attention and its backward): the composed problem's sizes,
+// with the dtypes of the step's tensors, f32 states, and no initial, final or intra term.
+expanse_problem step_problem(const expanse_problem& pb, int32_t input_dtype, int32_t output_dtype);
+
 }  // namespace expanse_gpu

@@ -16,25 +16,6 @@ namespace {
 // The memo slots of the steps' choices (dispatcher::run_step).
 enum step_slot { kChunkAttention = 1, kUpdateState, kDiscumsumS, kDiscumsumZ, kQueryState };
 
-// A [b,n,h]-indexed view of the chunk totals, stored [b,h,n].
-expanse_tensor totals_view(const gates& g, const expanse_problem& pb, const expanse_tensor& like) {
-  expanse_tensor A = f32_view(const_cast<float*>(g.total), {pb.b, pb.n, pb.h}, like);
-  A.strides[0] = pb.h * pb.n;
-  A.strides[1] = 1;
-  A.strides[2] = pb.n;
-  return A;
-}
-
-// A step's problem: the composed one's sizes, with the dtypes and flags of the step's tensors.
-expanse_problem step_problem(const expanse_problem& pb, int32_t input_dtype, int32_t output_dtype) {
-  expanse_problem step = pb;
-  step.input_dtype = input_dtype;
-  step.output_dtype = output_dtype;
-  step.state_dtype = EXPANSE_F32;
-  step.has_initial_state = step.want_final_state = step.has_intra = 0;
-  return step;
-}
-
 }  // namespace
 
 std::string power_attention_chunked_declines(const expanse_op& op, const device_props&) {

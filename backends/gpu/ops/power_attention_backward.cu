@@ -1,8 +1,8 @@
 // power_attention_backward's SIMT implementation (gpu/kernels/backward_simple.hpp), shared by every
 // GPU backend: correct for any shape the kernels hold (d, e <= 256), and a baseline for the
-// tensor-core implementations, not a fast path. Also the steps every implementation shares: the
-// forward sweep (the states entering each chunk, from update_state and discumsum through the
-// backend's lists, as in the forward) and the gates' gradient at the end.
+// tensor-core implementations, not a fast path. The forward states come from update_state and
+// discumsum through the backend's lists, as in the forward. Also what every implementation shares:
+// the call's plan and the gates' gradient at the end (gpu/ops/power_attention_backward.hpp).
 #include "gpu/ops/power_attention_backward.hpp"
 
 #include "gpu/kernels/backward_simple.hpp"
@@ -10,6 +10,15 @@
 #include "gpu/ops/implementations.hpp"
 
 namespace expanse_gpu {
+namespace {
+
+// The forward sweep: S, z enter each chunk [b,n,h,D(,e)] (null data without forward states);
+// S_final, z_final where plan.final_term.
+struct forward_sweep {
+  expanse_tensor S, z, S_final, z_final;
+};
+
+}  // namespace
 
 backward_plan plan_backward(const expanse_op& op) {
   const expanse_problem& pb = *op.problem;
@@ -24,10 +33,10 @@ backward_plan plan_backward(const expanse_op& op) {
   return plan;
 }
 
-forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,
-                                       launch_context& lc) {
+// update_state then discumsum in place through the backend's lists, as the forward runs them.
+static forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,
+                                              launch_context& lc) {
   enum step_slot { kUpdateState = 1, kDiscumsumS, kDiscumsumZ };
-  static_assert(kDiscumsumZ == kForwardSweepSlots, "the slots the sweep takes");
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
   const expanse_tensor& dev = *a.q;
@@ -42,19 +51,13 @@ forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan
   }
   launch_context steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &shared};
   expanse_update_state_args upd{a.k, a.v, a.log_g, &fw.S, fw.z.data ? &fw.z : nullptr, pb.p, pb.c, pb.layout};
-  expanse_problem upd_pb = pb;
-  upd_pb.output_dtype = upd_pb.state_dtype = EXPANSE_F32;
-  upd_pb.has_initial_state = upd_pb.want_final_state = upd_pb.has_intra = 0;
+  const expanse_problem upd_pb = step_problem(pb, pb.input_dtype, EXPANSE_F32);
   lc.dispatch.run_step({EXPANSE_OP_UPDATE_STATE, &upd, &upd_pb, nullptr}, kUpdateState, steps);
   expanse_tensor A{};
-  if (shared.g.total) {  // the chunk totals, stored [b,h,n], as a [b,n,h] view
-    A = f32_view(const_cast<float*>(shared.g.total), {pb.b, pb.n, pb.h}, dev);
-    A.strides[0] = pb.h * pb.n, A.strides[1] = 1, A.strides[2] = pb.n;
-  }
+  if (shared.g.total) A = totals_view(shared.g, pb, dev);
   auto scan = [&](expanse_tensor& X, const expanse_tensor* initial, expanse_tensor& fin, int64_t rows, int slot) {
     const discumsum_step_args scan_args{{&X, A.data ? &A : nullptr, initial, &X}, fin.data ? &fin : nullptr};
-    expanse_problem scan_pb = upd_pb;
-    scan_pb.input_dtype = EXPANSE_F32;
+    expanse_problem scan_pb = step_problem(pb, EXPANSE_F32, EXPANSE_F32);
     scan_pb.rows = rows;
     scan_pb.has_initial_state = initial != nullptr;
     scan_pb.want_final_state = 1;  // the step form
@@ -66,20 +69,15 @@ forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan
   return fw;
 }
 
-float* take_final_sums(const expanse_op& op, const backward_plan& plan, workspace& ws) {
-  const expanse_problem& pb = *op.problem;
-  return plan.final_term ? ws.take<float>(size_t(pb.b * pb.h)) : nullptr;
-}
-
-void launch_gate_gradients(const expanse_op& op, const forward_sweep& fw, backward_work w, float* final_sums,
-                           launch_context& lc) {
+void launch_gate_gradients(const expanse_op& op, const expanse_tensor& S_final, const expanse_tensor& z_final,
+                           backward_work w, float* final_sums, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
   const int64_t heads = pb.b * pb.h;
   if (final_sums && heads > 0) {
     final_term_kernel<<<unsigned(heads), kBackwardThreads, 0, lc.stream>>>(
-        tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), static_cast<const float*>(fw.S_final.data),
-        static_cast<const float*>(fw.z_final.data), pb, final_sums);
+        tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), static_cast<const float*>(S_final.data),
+        static_cast<const float*>(z_final.data), pb, final_sums);
     check_launch("power_attention_backward final term");
   }
   if (a.dlog_g && heads > 0 && pb.t > 0) {
@@ -121,7 +119,7 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
     st.dY = f32_view(lc.ws.take<float>(size_t(states * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
     if (plan.need_z || a.dinitial_z) st.dZ = f32_view(lc.ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, dev);
   }
-  float* final_sums = take_final_sums(op, plan, lc.ws);
+  float* final_sums = plan.final_term ? lc.ws.take<float>(size_t(heads)) : nullptr;
   st.S = fw.S, st.z = fw.z;
   if (lc.ws.sizing()) return;
 
@@ -143,8 +141,8 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
   });
   if (st.dY.data && heads * pb.D > 0) {
     reverse_scan_kernel<<<grid_for(heads * pb.D * (pb.e + 1), 256), 256, 0, lc.stream>>>(
-        st, expanse_tensor{}, expanse_tensor{}, g, pb, tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z),
-        tensor_or_empty(a.dinitial_S), tensor_or_empty(a.dinitial_z));
+        st, g, pb, tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), tensor_or_empty(a.dinitial_S),
+        tensor_or_empty(a.dinitial_z));
     check_launch("power_attention_backward reverse scan");
   }
   with_input_type(pb.input_dtype, [&](auto tag) {
@@ -155,7 +153,7 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
     key_gradients_kernel<T><<<key_blocks, kBackwardThreads, 0, lc.stream>>>(in, st, w, g, table, pb, form);
     check_launch("power_attention_backward dk, dv");
   });
-  launch_gate_gradients(op, fw, w, final_sums, lc);
+  launch_gate_gradients(op, fw.S_final, fw.z_final, w, final_sums, lc);
 }
 
 }  // namespace expanse_gpu

@@ -148,18 +148,7 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
     if (blk + 1 < blocks) load_block(key0 + kKeys);
     // Scores: Q K^T for 64 keys (8 n-tiles).
     float s[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[nt][i] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < DH / 16; kk += 2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, ks + (nt * 8 + (lane & 7)) * kQS + kk * 16 + (lane >> 3) * 8);
-        mma_16816<T>(s[nt], qa[kk], b);
-        if (kk + 1 < DH / 16) mma_16816<T>(s[nt], qa[kk + 1], b + 2);
-      }
-    }
+    rows_times_rows<T, DH>(s, qa, ks, kQS, lane);
     // Log-space scores, masks, signs and the new row maxima. A zero dot gives log2 0 = -inf, the
     // same as a masked key; blocks wholly below the diagonal and inside the chunk (all but the last
     // one or two of a row tile) skip the per-score mask.
@@ -215,17 +204,7 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
       pa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(w[2], w[3]);
     }
     // O += P V.
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const int brow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-      for (int np = 0; np < kNT / 2; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, vs + brow * kVS + np * 16 + (lane >> 4) * 8);
-        mma_16816<T>(acc[2 * np], pa[kk], b);
-        mma_16816<T>(acc[2 * np + 1], pa[kk], b + 2);
-      }
-    }
+    add_times_tile<T, E>(acc, pa, vs, kVS, lane);
     __syncthreads();
     if (blk + 1 < blocks) {
       store_block();
