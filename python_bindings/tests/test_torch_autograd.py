@@ -1,6 +1,9 @@
 """expanse.power_attention under PyTorch autograd and torch.compile, on the CPU (the reference
 backend; skipped without PyTorch): gradcheck in f64, the gradients equal power_attention_backward's,
-no graph break, and expanse.torch.PowerAttention trains."""
+no graph break and compiled gradients equal to eager ones, and expanse.torch.PowerAttention trains,
+with the loss curve of the same layer written in plain PyTorch."""
+
+import copy
 
 import numpy as np
 import pytest
@@ -53,6 +56,22 @@ def test_compile_has_no_graph_break():
     x = torch.randn(2, 30, 32)
     explained = torch._dynamo.explain(layer)(x)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def test_compiled_layer_gradients_equal_eager():
+    """torch.compile through AOTAutograd (forward and backward graphs from the fake implementations and
+    the registered autograd formula) gives the eager gradients."""
+    torch.manual_seed(5)
+    layer = expanse.torch.PowerAttention(32, n_heads=4, n_kv_heads=2, head_dim=8, chunk_size=8)
+    x = torch.randn(2, 30, 32)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    grads = []
+    for model in (layer, compiled):
+        layer.zero_grad()
+        model(x).square().sum().backward()
+        grads.append([p.grad.clone() for p in layer.parameters()])
+    for eager, traced in zip(*grads):
+        torch.testing.assert_close(traced, eager, rtol=1e-5, atol=1e-6)
 
 
 def test_power_attention_layer_trains():
@@ -116,3 +135,53 @@ def test_core_operations_compose_to_power_attention():
     ref = torch.autograd.grad((expanse.power_attention(q, k, v, log_g, chunk_size=c) * do).sum(), (q, k, v, log_g))
     for a, b in zip(mine, ref):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def _torch_power_attention(q, k, v, log_g=None, *, p=2, normalize=True, **unused):
+    """docs/spec.md's power attention in plain PyTorch (the quadratic form, in f32, or f64 for f64 inputs):
+    the layer's oracle."""
+    b, t, hq, d = q.shape
+    group = hq // k.shape[2]
+    f = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qf, kf, vf = q.to(f) * d ** -0.5, k.to(f).repeat_interleave(group, 2), v.to(f).repeat_interleave(group, 2)
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    a = torch.einsum("bihd,bjhd->bhij", qf, kf) ** p
+    if log_g is not None:
+        G = log_g.to(f).cumsum(1).repeat_interleave(group, 2).transpose(1, 2)  # [b, hq, t]
+        a = a * torch.exp((G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")))
+    a = a.masked_fill(~causal, 0)
+    o = torch.einsum("bhij,bjhe->bihe", a, vf)
+    if normalize:
+        o = o / a.sum(-1).transpose(1, 2)[..., None]
+    return o.to(q.dtype)
+
+
+def _train(layer, x, steps):
+    opt = torch.optim.Adam(layer.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = (layer(x) - x.roll(1, dims=1)).square().mean()  # predict the previous token
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_layer_trains_like_plain_pytorch(monkeypatch, dtype):
+    """expanse.torch.PowerAttention (chunked, grouped heads, gated) and the same layer with the attention
+    written in plain PyTorch, from the same weights on the same data: matching loss curves over 200 Adam
+    steps, and the loss falls. In f64 the gradients agree to about 1e-15 and Adam amplifies that to 3e-7
+    over the 200 steps; from f32's 1e-7 the same growth gives a few percent (3% measured), so the f32
+    curves are compared at 5e-2."""
+    torch.manual_seed(4)
+    layer = expanse.torch.PowerAttention(32, n_heads=4, n_kv_heads=2, head_dim=8, chunk_size=16, dtype=dtype)
+    plain = copy.deepcopy(layer)
+    x = torch.randn(2, 40, 32, dtype=dtype)
+    ours = _train(layer, x, 200)
+    with monkeypatch.context() as m:
+        m.setattr(expanse.torch._ops, "power_attention", _torch_power_attention)
+        theirs = _train(plain, x, 200)
+    assert ours[-1] < 0.2 * ours[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5 if dtype == torch.float64 else 5e-2)
