@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -155,6 +156,14 @@ int64_t resolved_chunk(expanse::context& ctx, h::prepared_run& run, const h::op_
   return chunk;
 }
 
+// The workspace a run of `run` takes (expanse_workspace_size on its arguments, in one untimed run):
+// the memory an operation needs beyond its inputs and outputs.
+size_t workspace_bytes(expanse::context& ctx, h::prepared_run& run, expanse_op_kind op) {
+  size_t bytes = 0;
+  run.execute([&](void* args) { expanse::check(expanse_workspace_size(ctx.get(), op, args, &bytes)); });
+  return bytes;
+}
+
 struct BenchOptions {
   std::string op;
   std::string backend;  // empty: expanse_default_backend()
@@ -196,21 +205,25 @@ int bench(const BenchOptions& o, const CaseOptions& case_options) {
     ran.c = resolved_chunk(ctx, *sets.runs.front(), cfg);
     // A backward is timed three ways: its forward, itself, and both in a row (a training step's).
     // Its chunk size is read from its forward's (the backend's rule sees the same problem).
-    std::vector<std::pair<const char*, std::function<void()>>> passes;
+    // Each pass with the workspace it needs: a context reuses one workspace, so a training step's
+    // extra memory is the larger of its forward's and its backward's.
+    std::vector<std::tuple<const char*, std::function<void()>, size_t>> passes;
     std::unique_ptr<input_sets> forward_sets;
     h::op_config fwd = cfg;
+    const size_t own_workspace = workspace_bytes(ctx, *sets.runs.front(), op);
     if (op == expanse::ops::power_attention_backward) {
       fwd.op = expanse::ops::power_attention;
       forward_sets = std::make_unique<input_sets>(ctx, fwd, seed);
       ran.c = fwd.c = resolved_chunk(ctx, *forward_sets->runs.front(), fwd);
-      passes = {{"fwd", [&] { forward_sets->next(); }},
-                {"bwd", [&] { sets.next(); }},
-                {"fwd+bwd", [&] { forward_sets->next(); sets.next(); }}};
+      const size_t fwd_workspace = workspace_bytes(ctx, *forward_sets->runs.front(), fwd.op);
+      passes = {{"fwd", [&] { forward_sets->next(); }, fwd_workspace},
+                {"bwd", [&] { sets.next(); }, own_workspace},
+                {"fwd+bwd", [&] { forward_sets->next(); sets.next(); }, std::max(fwd_workspace, own_workspace)}};
     } else {
-      passes = {{"", [&] { sets.next(); }}};
+      passes = {{"", [&] { sets.next(); }, own_workspace}};
     }
     progress.clear();
-    for (const auto& [pass, step] : passes) {
+    for (const auto& [pass, step, workspace] : passes) {
       bool device_timer = false;
       const std::vector<double> ms = time_step(ctx, step, warmup, reps, device_timer);
       const std::string name = pass;
@@ -224,7 +237,8 @@ int bench(const BenchOptions& o, const CaseOptions& case_options) {
           {"chunk_auto", int(cfg.c == EXPANSE_CHUNK_AUTO)}, {"dtype", expanse_dtype_name(cfg.dtype)},
           {"gated", int(cfg.gated)}, {"median_ms", significant6(median)}, {"min_ms", significant6(ms.front())},
           {"reps", reps}, {"flop", flops}, {"tflops", significant6(flops / (median * 1e-3) / 1e12)},
-          {"timer", device_timer ? "device events" : "host clock"}, {"input_sets", int(sets.runs.size())}};
+          {"timer", device_timer ? "device events" : "host clock"}, {"input_sets", int(sets.runs.size())},
+          {"workspace_bytes", workspace}};
       if (!name.empty()) line["pass"] = name;
       std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       std::fflush(stdout);
