@@ -265,7 +265,7 @@ void consistent_query_inputs(const op_config& cfg, std::mt19937_64& rng, tensor_
 
 }  // namespace
 
-tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent) {
+tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent, const forward_runner& forward) {
   std::mt19937_64 rng(seed);
   const op_tables op = tables_of(cfg.op);
   tensor_map in;
@@ -292,7 +292,7 @@ tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent) {
     op_config f = cfg;
     f.op = forward_of(cfg.op);
     f.final_state = false;
-    in["o"] = cast(naive::run(f, in).at("o"), in["o"].dtype);
+    in["o"] = cast((forward ? forward(f, in) : naive::run(f, in)).at("o"), in["o"].dtype);
   }
   return in;
 }

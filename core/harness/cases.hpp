@@ -75,7 +75,10 @@ spec_map output_specs(const op_config& cfg, bool oracle);
 // Fresh random inputs for a config (normal q/k/v, log_g = logsigmoid of noise, states as produced
 // by a random sequence), rounded to cfg.dtype. `consistent` = false replaces query_state's states and
 // intra-chunk inputs by plain noise (for timing at sizes where the naive oracle would be too slow).
-tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent = true);
+// A backward's o is its forward's output on the drawn inputs, from `forward` where given (a backend's
+// run: bench at lengths where the naive oracle would take minutes), else from the naive oracle.
+using forward_runner = std::function<tensor_map(const op_config& forward, const tensor_map& inputs)>;
+tensor_map make_inputs(const op_config& cfg, uint64_t seed, bool consistent = true, const forward_runner& forward = {});
 // Output names and shapes of a config, with the dtypes a backend writes: `oracle` asks for f64
 // everywhere (the reference as oracle), otherwise the native dtypes (token outputs in cfg.dtype,
 // states and y/l/rowmax in f32).

@@ -1,19 +1,26 @@
 // power_attention_backward's list on the CUDA backend, and its tensor-core implementation "mma" (sm_80+;
-// p = 2 in the symmetric layout, d = e = 64, f16/bf16), for now the one-chunk form only (one chunk, no
-// initial or final state: no state terms). Its steps:
-//   1. normalized: chunk_attention (through the list) -> l, rowmax: each query's denominator
-//   2. dnum_i = dout_i / den_i, dden_i, 1 / den_i per query (gpu/kernels/backward_simple.hpp)
-//   3. the causal pairs: f32 sums of dq, dk, dv and of A_ij M_ij by query and by key
-//      (kernels/sm80/flash_chunk_attention_backward.cuh), then the gradients in their dtype with
-//      q . dq and k . dk (gpu/kernels/backward_outputs.hpp)
-//   4. dlog_g from q . dq and k . dk (gpu/ops/power_attention_backward.cu)
-// The chunked form adds the state terms (the forward and cotangent states, a pullback of J_phi^T for dq
-// and dk); a first version of them is in the history of this file, declined here until it is fast and
-// its gates' gradient as accurate as the pairs' (docs/performance.md).
+// p = 2 in the symmetric layout, d = e = 64, f16/bf16): the chunked form of docs/spec.md "Gradients",
+// composed like the forward. In order:
+//   1. the forward sweep (update_state, discumsum through the lists) -> S_m, z_m entering each chunk
+//   2. normalized: chunk_attention (list) -> l, rowmax, the intra part of each query's denominator
+//   3. dnum_i = dout_i / den_i, dden_i, 1 / den_i per query (gpu/kernels/backward_simple.hpp)
+//   4. the intra-chunk pairs: f32 sums of dq, dk, dv and of A_ij M_ij by query and by key
+//      (kernels/sm80/flash_chunk_attention_backward.cuh)
+//   5. the state cotangents: update_state (list) of q against exp(Gc_i) scale^p dnum_i and a feature
+//      sum for dden (their z part; gpu/kernels/backward_chunked.hpp), then the reverse scan -> dY_{m+1},
+//      dZ_{m+1} per chunk, and the gates' boundary terms
+//   6. dk's state term (kernels/sm80/mma_state_pullback.cuh), dv's as query_state (list) of k against
+//      dY_{m+1}, dq's (the pullback of S_m, z_m)
+//   7. the gradients in their dtypes with q . dq and k . dk (gpu/kernels/backward_outputs.hpp), then
+//      dlog_g chunk by chunk (gpu/ops/power_attention_backward.cu)
+#include <cmath>
+
+#include "gpu/kernels/backward_chunked.hpp"
 #include "gpu/kernels/backward_outputs.hpp"
 #include "gpu/ops/implementations.hpp"
 #include "gpu/ops/power_attention_backward.hpp"
 #include "kernels/sm80/flash_chunk_attention_backward.cuh"
+#include "kernels/sm80/mma_state_pullback.cuh"
 #include "ops/op_common.hpp"
 
 namespace expanse_cuda {
@@ -23,8 +30,15 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc);
 
 namespace {
 
-// The memo slot of the chunk_attention step.
-constexpr int kChunkAttention = 1;
+// The memo slots of the steps after the forward sweep's.
+enum step_slot { kChunkAttention = kForwardSweepSlots + 1, kQueryStates, kKeyValues };
+
+// A contiguous tensor of the input dtype over workspace memory.
+expanse_tensor b16_view(void* data, int32_t dtype, std::initializer_list<int64_t> shape, const expanse_tensor& like) {
+  expanse_tensor t = f32_view(static_cast<float*>(data), shape, like);
+  t.dtype = dtype;
+  return t;
+}
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -47,9 +61,6 @@ std::string mma_power_attention_backward_declines(const expanse_op& op, const de
   if (pb.p != 2) return "p must be 2";
   if (pb.layout.kind != EXPANSE_LAYOUT_SYMPOW) return "the layout must be the symmetric one";
   if (pb.d != 64 || pb.e != 64) return "d and e must be 64";
-  const backward_plan plan = plan_backward(op);
-  if (plan.forward_states || plan.cotangent_states)
-    return "chunk states (more than one chunk, or an initial or final state) are not yet supported";
   if (why.empty()) why = token_tensor_declines("q", a.q);
   if (why.empty()) why = token_tensor_declines("k", a.k);
   if (why.empty()) why = token_tensor_declines("v", a.v);
@@ -61,24 +72,46 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
   const expanse_tensor& dev = *a.q;
-  const int64_t qrows = pb.b * pb.t * pb.hq, krows = pb.b * pb.t * pb.h;
+  const backward_plan plan = plan_backward(op);
+  const bool sizing = lc.ws.sizing(), grouped = pb.hq != pb.h;
+  const int64_t qrows = pb.b * pb.t * pb.hq, krows = pb.b * pb.t * pb.h, states = pb.b * pb.n * pb.h * pb.D;
 
   step_inputs shared;
+  shared.phi = make_phi_tables(pb, lc);
   shared.g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
+  const step_inputs ungated{shared.phi, gates{}};  // for the steps that take no gates
+  launch_context gated_steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &shared};
+  launch_context plain_steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &ungated};
+  // A step over the query heads (or the kv heads) without the call's gates.
+  auto plain_problem = [&](int64_t heads, int32_t output_dtype) {
+    expanse_problem step = step_problem(pb, pb.input_dtype, output_dtype);
+    step.h = step.hq = heads;
+    step.gated = 0;
+    return step;
+  };
+
   backward_work w{};
   w.dnum = lc.ws.take<float>(size_t(qrows * pb.e));
   w.dden = lc.ws.take<float>(size_t(qrows));
   w.qdq = lc.ws.take<float>(size_t(qrows));
   w.kdk = lc.ws.take<float>(size_t(krows));
   w.rden = pb.normalize ? lc.ws.take<float>(size_t(qrows)) : nullptr;
-  // The pairs' f32 sums: dq, dk, dv, and A_ij M_ij by query and by key.
+  // The f32 sums: the pairs' (dq, dk, dv, and A M by query and by key) and the state terms'.
   float* sum_q = lc.ws.take<float>(size_t(qrows * pb.d));
   float* sum_k = lc.ws.take<float>(size_t(krows * pb.d));
   float* sum_v = lc.ws.take<float>(size_t(krows * pb.e));
   float* am_q = lc.ws.take<float>(size_t(qrows));
   float* am_k = lc.ws.take<float>(size_t(krows));
+  float* state_q = plan.forward_states ? lc.ws.take<float>(size_t(qrows * pb.d)) : nullptr;
+  float* state_k = plan.cotangent_states ? lc.ws.take<float>(size_t(krows * pb.d)) : nullptr;
+  float* boundary = take_boundary_sums(op, plan, lc.ws);
 
-  // 1. The denominators (the pairs' part, which is all there is in one chunk).
+  // 1. The forward sweep.
+  const forward_sweep fw = recompute_forward_states(op, plan, shared, lc);
+  backward_states st{};
+  st.S = fw.S, st.z = fw.z;
+
+  // 2. The intra-chunk part of the denominators.
   expanse_tensor y{}, l{}, rowmax{};
   if (pb.normalize) {
     y = f32_view(lc.ws.take<float>(size_t(qrows * pb.e)), {pb.b, pb.t, pb.hq, pb.e}, dev);
@@ -86,53 +119,151 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
     rowmax = f32_view(lc.ws.take<float>(size_t(qrows)), {pb.b, pb.t, pb.hq}, dev);
     const expanse_chunk_attention_args att{a.q, a.k, a.v, a.log_g, &y, &l, &rowmax, pb.p, pb.scale, pb.c};
     const expanse_problem att_pb = step_problem(pb, pb.input_dtype, EXPANSE_F32);
-    launch_context steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &shared};
-    lc.dispatch.run_step({EXPANSE_OP_CHUNK_ATTENTION, &att, &att_pb, nullptr}, kChunkAttention, steps);
+    lc.dispatch.run_step({EXPANSE_OP_CHUNK_ATTENTION, &att, &att_pb, nullptr}, kChunkAttention, gated_steps);
   }
-  if (lc.ws.sizing() || qrows == 0) return;
 
-  // 2. The queries' cotangents.
+  // 3. The queries' cotangents, and the values of the query-side state cotangents.
+  const float scale = float(pb.scale), scale_p = float(std::pow(pb.scale, pb.p));
+  void* weighted = plan.cotangent_states ? lc.ws.take<unsigned char>(size_t(qrows * pb.e) * 2) : nullptr;
   const backward_tensors in{*a.q, *a.k, *a.v, tensor_or_empty(a.o), *a.dout, l, rowmax, *a.dq, *a.dk, *a.dv};
-  const backward_form form{0, pb.normalize ? 1 : 0};  // the denominators' pairs come from l, rowmax
-  with_b16_type(pb.input_dtype, [&](auto tag) {
-    using T = decltype(tag);
-    backward_cotangents_kernel<T><<<unsigned(qrows), kBackwardThreads, 0, lc.stream>>>(in, backward_states{}, w, shared.g,
-                                                                                    nullptr, pb, form);
-  });
-  check_launch("mma power_attention_backward cotangents");
+  float* den_state = pb.normalize && st.z.data ? lc.ws.take<float>(size_t(qrows)) : nullptr;
+  w.den_state = den_state;
+  if (!sizing && qrows > 0) {
+    const backward_form form{0, pb.normalize ? 1 : 0};  // the denominators' pairs come from l, rowmax
+    with_b16_type(pb.input_dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if (den_state) {
+        const int tiles = int((std::min(pb.c, pb.t) + kQuadTokens - 1) / kQuadTokens);
+        state_denominators_kernel<T><<<unsigned(int64_t(tiles) * pb.n * pb.hq * pb.b), kQuadThreads, 0, lc.stream>>>(
+            *a.q, static_cast<const float*>(st.z.data), shared.g, pb, scale_p, tiles, den_state);
+        check_launch("mma power_attention_backward state denominators");
+      }
+      backward_cotangents_kernel<T><<<unsigned(qrows), kBackwardThreads, 0, lc.stream>>>(in, st, w, shared.g,
+                                                                                      shared.phi.rows, pb, form);
+      check_launch("mma power_attention_backward cotangents");
+      if (weighted) {
+        query_cotangent_operands_kernel<T><<<grid_for(qrows * pb.e, 256), 256, 0, lc.stream>>>(
+            w.dnum, shared.g, pb, scale_p, static_cast<T*>(weighted));
+        check_launch("mma power_attention_backward weighted dnum");
+      }
+    });
+  }
 
-  // 3. The pairs.
-  cudaMemsetAsync(sum_q, 0, size_t(qrows * pb.d) * sizeof(float), lc.stream);
-  cudaMemsetAsync(am_q, 0, size_t(qrows) * sizeof(float), lc.stream);
-  using namespace flash_backward_cfg;
-  flash_backward_params P{};
-  P.q = a.q->data, P.k = a.k->data, P.v = a.v->data;
-  P.q_sb = a.q->strides[0], P.q_st = a.q->strides[1], P.q_sh = a.q->strides[2];
-  P.k_sb = a.k->strides[0], P.k_st = a.k->strides[1], P.k_sh = a.k->strides[2];
-  P.v_sb = a.v->strides[0], P.v_st = a.v->strides[1], P.v_sh = a.v->strides[2];
-  P.dout = a.dout->data;
-  P.o_sb = a.dout->strides[0], P.o_st = a.dout->strides[1], P.o_sh = a.dout->strides[2];
-  P.rden = w.rden;
-  P.dden = pb.normalize ? w.dden : nullptr;
-  P.row_am = am_q, P.key_am = am_k;
-  P.dq = sum_q, P.dk = sum_k, P.dv = sum_v;
-  P.g = shared.g;
-  P.t = pb.t, P.c = pb.c, P.n = pb.n, P.h = pb.h, P.hq = pb.hq, P.p = pb.p, P.scale = float(pb.scale);
-  P.key_tiles = int((std::min(pb.c, pb.t) + kKeys - 1) / kKeys);
-  with_b16_type(pb.input_dtype, [&](auto tag) {
-    using T = decltype(tag);
-    launch_with_smem(flash_chunk_attention_backward_kernel<T, 64, 64>, int64_t(P.key_tiles) * pb.n * pb.h * pb.b,
-                     kThreads, flash_backward_smem<T, 64, 64>(), lc.stream, P);
+  // 4. The intra-chunk pairs.
+  if (!sizing && qrows > 0) {
+    cudaMemsetAsync(sum_q, 0, size_t(qrows * pb.d) * sizeof(float), lc.stream);
+    cudaMemsetAsync(am_q, 0, size_t(qrows) * sizeof(float), lc.stream);
+    using namespace flash_backward_cfg;
+    flash_backward_params P{};
+    P.q = a.q->data, P.k = a.k->data, P.v = a.v->data;
+    P.q_sb = a.q->strides[0], P.q_st = a.q->strides[1], P.q_sh = a.q->strides[2];
+    P.k_sb = a.k->strides[0], P.k_st = a.k->strides[1], P.k_sh = a.k->strides[2];
+    P.v_sb = a.v->strides[0], P.v_st = a.v->strides[1], P.v_sh = a.v->strides[2];
+    P.dout = a.dout->data;
+    P.o_sb = a.dout->strides[0], P.o_st = a.dout->strides[1], P.o_sh = a.dout->strides[2];
+    P.rden = w.rden;
+    P.dden = pb.normalize ? w.dden : nullptr;
+    P.row_am = am_q, P.key_am = am_k;
+    P.dq = sum_q, P.dk = sum_k, P.dv = sum_v;
+    P.g = shared.g;
+    P.t = pb.t, P.c = pb.c, P.n = pb.n, P.h = pb.h, P.hq = pb.hq, P.p = pb.p, P.scale = scale;
+    P.key_tiles = int((std::min(pb.c, pb.t) + kKeys - 1) / kKeys);
+    with_b16_type(pb.input_dtype, [&](auto tag) {
+      using T = decltype(tag);
+      launch_with_smem(flash_chunk_attention_backward_kernel<T, 64, 64>, int64_t(P.key_tiles) * pb.n * pb.h * pb.b,
+                       kThreads, flash_backward_smem<T, 64, 64>(), lc.stream, P);
+    });
     check_launch("mma power_attention_backward pairs");
-    finish_queries_kernel<T><<<grid_for(qrows * kLaneGroup, 128), 128, 0, lc.stream>>>(*a.dq, sum_q, am_q, P.scale,
-                                                                                     float(pb.p), w.qdq, qrows, pb.d);
-    check_launch("mma power_attention_backward dq");
-  });
-  finish_keys_kernel<<<grid_for(krows * kLaneGroup, 128), 128, 0, lc.stream>>>(*a.dk, *a.dv, sum_k, sum_v, am_k, pb, w.kdk);
-  check_launch("mma power_attention_backward dk, dv");
+  }
 
-  // 4. The gates' gradient.
-  launch_gate_gradients(op, expanse_tensor{}, expanse_tensor{}, w, nullptr, lc);
+  // out_i = rho_i J_phi(y_i)^T (r_i M x_i + alpha_i z) per token (kernels/sm80/mma_state_pullback.cuh).
+  auto pullback = [&](const expanse_tensor& yt, float y_scale, const expanse_tensor& x, const float* r,
+                      const float* alpha, const expanse_tensor& M, const expanse_tensor& z, const gates& g, bool keys,
+                      int64_t heads, float* out) {
+    using namespace pullback_cfg;
+    pullback_params P{};
+    P.y = yt.data, P.y_sb = yt.strides[0], P.y_st = yt.strides[1], P.y_sh = yt.strides[2], P.y_scale = y_scale;
+    P.x = x.data, P.x_sb = x.strides[0], P.x_st = x.strides[1], P.x_sh = x.strides[2];
+    P.r = r, P.alpha = alpha;
+    P.M = static_cast<const float*>(M.data);
+    P.M_sb = M.strides[0], P.M_sn = M.strides[1], P.M_sh = M.strides[2], P.M_sr = M.strides[3];
+    if (z.data) {
+      P.z = static_cast<const float*>(z.data);
+      P.z_sb = z.strides[0], P.z_sn = z.strides[1], P.z_sh = z.strides[2];
+    }
+    P.out = out;
+    P.g = g, P.keys = keys ? 1 : 0;
+    P.t = pb.t, P.c = pb.c, P.n = pb.n, P.H = heads, P.h = pb.h;
+    P.token_tiles = int((std::min(pb.c, pb.t) + kRows - 1) / kRows);
+    with_b16_type(pb.input_dtype, [&](auto tag) {
+      using T = decltype(tag);
+      launch_with_smem(mma_state_pullback_kernel<T, 64, 64>, int64_t(P.token_tiles) * pb.n * heads * pb.b, kThreads,
+                       pullback_smem<T, 64, 64>(), lc.stream, P);
+    });
+    check_launch("mma power_attention_backward state pullback");
+  };
+
+  // 5. The state cotangents: each chunk's input summed over its queries (update_state of q against the
+  // weighted dnum, every query head; a feature sum for dden), then the reverse scan.
+  expanse_tensor dv_state{};
+  if (plan.cotangent_states) {
+    st.dY = f32_view(lc.ws.take<float>(size_t(states * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
+    if (plan.need_z || a.dinitial_z) st.dZ = f32_view(lc.ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, dev);
+    const int64_t query_states = pb.b * pb.n * pb.hq * pb.D;
+    expanse_tensor Xs{}, Xz{};  // the chunk inputs per query head where they are grouped; else in place
+    if (grouped) {
+      Xs = f32_view(lc.ws.take<float>(size_t(query_states * pb.e)), {pb.b, pb.n, pb.hq, pb.D, pb.e}, dev);
+      if (st.dZ.data) Xz = f32_view(lc.ws.take<float>(size_t(query_states)), {pb.b, pb.n, pb.hq, pb.D}, dev);
+    }
+    expanse_tensor into_S = grouped ? Xs : st.dY, into_z = grouped ? Xz : st.dZ;
+    const expanse_tensor weighted_view = b16_view(weighted, pb.input_dtype, {pb.b, pb.t, pb.hq, pb.e}, dev);
+    const expanse_update_state_args upd{a.q, &weighted_view, nullptr, &into_S, nullptr, pb.p, pb.c, pb.layout};
+    const expanse_problem upd_pb = plain_problem(pb.hq, EXPANSE_F32);
+    lc.dispatch.run_step({EXPANSE_OP_UPDATE_STATE, &upd, &upd_pb, nullptr}, kQueryStates, plain_steps);
+    if (!sizing) {
+      if (into_z.data && query_states > 0) {
+        with_b16_type(pb.input_dtype, [&](auto tag) {
+          using T = decltype(tag);
+          weighted_features_kernel<T><<<unsigned(pb.n * pb.hq * pb.b), kQuadThreads, 0, lc.stream>>>(
+              *a.q, w.dden, shared.g, pb, scale_p, static_cast<float*>(into_z.data));
+        });
+        check_launch("mma power_attention_backward dden features");
+      }
+      launch_reverse_scan(op, st, Xs, Xz, fw, shared.g, boundary, lc);
+    }
+
+    // 6. dk's and dv's state terms.
+    dv_state = b16_view(lc.ws.take<unsigned char>(size_t(krows * pb.e) * 2), pb.input_dtype, {pb.b, pb.t, pb.h, pb.e}, dev);
+    if (!sizing && krows > 0)
+      pullback(*a.k, 1.f, *a.v, nullptr, nullptr, st.dY, st.dZ, shared.g.keys(), true, pb.h, state_k);
+    const expanse_query_state_args qs{a.k, &st.dY, nullptr, nullptr, nullptr, nullptr, nullptr, &dv_state,
+                                      pb.p, 1.0,   pb.c,   0,       pb.layout};
+    expanse_problem qs_pb = plain_problem(pb.h, pb.input_dtype);
+    qs_pb.scale = 1.0;
+    qs_pb.normalize = 0;
+    lc.dispatch.run_step({EXPANSE_OP_QUERY_STATE, &qs, &qs_pb, nullptr}, kKeyValues, plain_steps);
+  }
+  // dq's state term.
+  if (!sizing && st.S.data && qrows > 0)
+    pullback(*a.q, scale, *a.dout, w.rden, st.z.data ? w.dden : nullptr, st.S, st.z, shared.g, false, pb.hq, state_q);
+  if (sizing) return;
+
+  // 7. The gradients, then the gates'.
+  with_b16_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (qrows > 0) {
+      finish_queries_kernel<T><<<grid_for(qrows * kLaneGroup, 128), 128, 0, lc.stream>>>(
+          *a.q, *a.dq, sum_q, state_q, am_q, scale, float(pb.p), w.qdq, qrows, pb.d);
+      check_launch("mma power_attention_backward dq");
+    }
+    if (krows > 0) {
+      finish_keys_kernel<T><<<grid_for(krows * kLaneGroup, 128), 128, 0, lc.stream>>>(
+          *a.k, *a.dk, *a.dv, sum_k, state_k, sum_v, dv_state.data ? static_cast<const T*>(dv_state.data) : nullptr,
+          am_k, shared.g.keys(), pb, w.kdk);
+      check_launch("mma power_attention_backward dk, dv");
+    }
+  });
+  launch_gate_gradients(op, boundary, w, lc);
 }
 
 namespace {

@@ -3,10 +3,12 @@
 // memory, block-wide sums); the state cotangents like update_state_simple, one thread per entry.
 //   backward_cotangents_kernel      dnum_i, dden_i of each query token (den_i recomputed)
 //   query_cotangent_states_kernel   X_m = sum_{heads, i in m} exp(Gc_i) phi(scale q_i) [dnum_i | dden_i]^T
-//   reverse_scan_kernel             dY_m = exp(A_m) dY_{m+1} + X_m: slot m keeps dY_{m+1}; dinitial = dY_0
+//   reverse_scan_kernel             dY_m = exp(A_m) dY_{m+1} + X_m: slot m keeps dY_{m+1}; dinitial = dY_0;
+//                                   and each chunk's boundary term <dY_{m+1}, S_{m+1}> for the gates
 //   query_gradients_kernel          dq (the state term and/or the causal pairs), and q . dq
 //   key_gradients_kernel            dk, dv (likewise), and k . dk
 //   gate_gradients_kernel           dlog_g: the segmented reverse cumsum of dG_i = (sum_heads q.dq - k.dk) / p
+//                                   inside each chunk, from the chunk's boundary term
 //   chunk_gate_gradients_kernel     the same inside each chunk, for the core operations
 //   the rest: rowmax's scaling of chunk_attention's cotangents, discumsum's reverse scan
 // phi is homogeneous of degree p, so phi(x) . dphi(x) = x . dx / p: the gates' gradients come from
@@ -41,6 +43,7 @@ struct backward_work {
   float *dnum, *dden;  // [b,t,hq,e], [b,t,hq]: the cotangents of each query's numerator, denominator
   float *qdq, *kdk;    // [b,t,hq], [b,t,h]: q . dq and k . dk
   float* rden;         // [b,t,hq]: 1 / den_i (0 where den_i = 0), where wanted (else null)
+  const float* den_state;  // [b,t,hq]: the state's part of den_i, computed before (null: from st.z)
 };
 
 // What a backward takes into account: the causal pairs inside the chunks (power_attention,
@@ -104,7 +107,7 @@ __global__ void backward_cotangents_kernel(backward_tensors in, backward_states 
   float den = 1.f, dd = 0.f;
   if (pb.normalize) {
     float part = 0.f;
-    if (st.z.data) {
+    if (st.z.data && !w.den_state) {
       for (int64_t r = threadIdx.x; r < pb.D; r += blockDim.x)
         part += phi_value(table[r], pb.p, [&](int x) { return qs[x]; }) * loadf(st.z, off4(st.z, batch, m, kv, r));
       part *= expf(g.cum(bh, pb.t, i));
@@ -117,6 +120,7 @@ __global__ void backward_cotangents_kernel(backward_tensors in, backward_states 
       }
     }
     den = block_sum(part, scratch);
+    if (w.den_state) den += w.den_state[row];
     if (form.intra)
       den += loadf(in.l, off3(in.l, batch, i, qh)) * expf(loadf(in.rowmax, off3(in.rowmax, batch, i, qh)));
     float od = 0.f;
@@ -163,27 +167,55 @@ __global__ void query_cotangent_states_kernel(expanse_tensor q, backward_states 
   }
 }
 
-// One thread per state entry (batch, kv head, entry of D*e, then the D of z): the reverse scan over
-// st.dY, st.dZ in place. dfinal_S/z and dinitial_S/z with null data where absent.
-[[maybe_unused]] static __global__ void reverse_scan_kernel(backward_states st, gates g, expanse_problem pb, expanse_tensor dfinal_S,
-                                    expanse_tensor dfinal_z, expanse_tensor dinitial_S, expanse_tensor dinitial_z) {
+// What the reverse scan starts from and ends in (data null where absent): the cotangents of the final
+// state, the gradients of the initial one, and the final state itself (for the last chunk's boundary term).
+struct scan_ends {
+  expanse_tensor dfinal_S, dfinal_z, dinitial_S, dinitial_z;
+  const float* S_final;  // [b,h,D,e] f32 contiguous
+  const float* z_final;  // [b,h,D]
+};
+
+// One thread per state entry of a kv head (its D*e entries, then the D of z), one block per
+// kBackwardThreads entries of one head: the reverse scan over st.dY, st.dZ. Chunk m's input X_m is
+// read from Xs, Xz ([b,n,H,D,e], [b,n,H,D]; the H / h heads of a kv head summed) or, where their data
+// is null, from st.dY, st.dZ in place. boundary [b,h,n] (zeroed; null: not wanted) gets, per chunk,
+// <dY_{m+1}, S_{m+1}> + <dZ_{m+1}, z_{m+1}> (S_n the final state): the sum over the pairs that straddle
+// the chunk's end of their gates' gradient, which gate_gradients_kernel starts each chunk from.
+[[maybe_unused]] static __global__ void __launch_bounds__(kBackwardThreads)
+    reverse_scan_kernel(backward_states st, expanse_tensor Xs, expanse_tensor Xz, scan_ends ends, gates g,
+                        expanse_problem pb, float* boundary) {
+  __shared__ float scratch[kBackwardGroups + 1];
   const int64_t De = pb.D * pb.e, per_head = De + (st.dZ.data ? pb.D : 0);
-  EXPANSE_GRID_LOOP(idx, pb.b * pb.h * per_head) {
-    const int64_t entry = idx % per_head, kv = (idx / per_head) % pb.h, batch = idx / (per_head * pb.h);
-    const bool is_z = entry >= De;
-    const int64_t r = is_z ? entry - De : entry / pb.e, col = is_z ? 0 : entry % pb.e;
-    float cur = 0.f;
-    if (!is_z && dfinal_S.data) cur = *ptrf(dfinal_S, off4(dfinal_S, batch, kv, r, col));
-    if (is_z && dfinal_z.data) cur = *ptrf(dfinal_z, off3(dfinal_z, batch, kv, r));
-    for (int64_t m = pb.n - 1; m >= 0; --m) {
-      float* slot = is_z ? ptrf(st.dZ, off4(st.dZ, batch, m, kv, r)) : ptrf(st.dY, off5(st.dY, batch, m, kv, r, col));
-      const float x = *slot;
-      *slot = cur;  // dY_{m+1}: what chunk m's keys see
-      cur = expf(g.chunk_total(batch * pb.h + kv, pb.n, m)) * cur + x;
+  const int64_t tiles = (per_head + kBackwardThreads - 1) / kBackwardThreads, head = blockIdx.x / tiles;
+  const int64_t entry = (blockIdx.x % tiles) * kBackwardThreads + threadIdx.x, kv = head % pb.h, batch = head / pb.h;
+  const bool in = entry < per_head, is_z = entry >= De;
+  const int64_t r = is_z ? entry - De : entry / pb.e, col = is_z ? 0 : entry % pb.e;
+  const expanse_tensor& src = is_z ? Xz : Xs;
+  const int64_t group = src.data ? src.shape[2] / pb.h : 1;
+  float cur = 0.f;
+  if (in && !is_z && ends.dfinal_S.data) cur = *ptrf(ends.dfinal_S, off4(ends.dfinal_S, batch, kv, r, col));
+  if (in && is_z && ends.dfinal_z.data) cur = *ptrf(ends.dfinal_z, off3(ends.dfinal_z, batch, kv, r));
+  for (int64_t m = pb.n - 1; m >= 0; --m) {
+    if (boundary) {  // cur is dY_{m+1}
+      float next = 0.f;  // the state entering chunk m + 1
+      if (in && m + 1 < pb.n) next = is_z ? *ptrf(st.z, off4(st.z, batch, m + 1, kv, r)) : *ptrf(st.S, off5(st.S, batch, m + 1, kv, r, col));
+      else if (in && is_z && ends.z_final) next = ends.z_final[head * pb.D + r];
+      else if (in && !is_z && ends.S_final) next = ends.S_final[head * De + entry];
+      const float s = block_sum(cur * next, scratch);
+      if (threadIdx.x == 0 && s != 0.f) atomicAdd(boundary + head * pb.n + m, s);
     }
-    if (!is_z && dinitial_S.data) *ptrf(dinitial_S, off4(dinitial_S, batch, kv, r, col)) = cur;
-    if (is_z && dinitial_z.data) *ptrf(dinitial_z, off3(dinitial_z, batch, kv, r)) = cur;
+    if (!in) continue;
+    float* slot = is_z ? ptrf(st.dZ, off4(st.dZ, batch, m, kv, r)) : ptrf(st.dY, off5(st.dY, batch, m, kv, r, col));
+    float x = 0.f;
+    if (!src.data) x = *slot;
+    else
+      for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh)
+        x += is_z ? *ptrf(src, off4(src, batch, m, qh, r)) : *ptrf(src, off5(src, batch, m, qh, r, col));
+    *slot = cur;  // dY_{m+1}: what chunk m's keys see
+    cur = expf(g.chunk_total(head, pb.n, m)) * cur + x;
   }
+  if (in && !is_z && ends.dinitial_S.data) *ptrf(ends.dinitial_S, off4(ends.dinitial_S, batch, kv, r, col)) = cur;
+  if (in && is_z && ends.dinitial_z.data) *ptrf(ends.dinitial_z, off3(ends.dinitial_z, batch, kv, r)) = cur;
 }
 
 // One block per (batch, token, query head): dq from the state entering the chunk (st.S) and/or the
@@ -288,21 +320,23 @@ __global__ void key_gradients_kernel(backward_tensors in, backward_states st, ba
   if (threadIdx.x == 0) w.kdk[(batch * pb.t + j) * pb.h + kv] = kdk;
 }
 
-// One block per (batch, kv head): dlog_g_l = sum_{i >= l} dG_i within l's segment between resets, 0
-// at a reset. Each thread takes a run of tokens; the runs' sums are combined right to left, then each
-// thread writes its run. final_term: <dfinal_S, S_t> + <dfinal_z, z_t> per (batch, kv head), or null.
+// One block per (batch, kv head, chunk): dlog_g_l = the sum of dG_i over the tokens i >= l of l's chunk
+// in l's segment between resets (0 at a reset), plus, where no reset follows l in its chunk, the chunk's
+// boundary term (null: 0). Summing each chunk from its exact boundary term, not from the next chunk's
+// sums, keeps the cancellation of q . dq against k . dk inside one chunk. Each thread takes a run of
+// tokens; the runs' sums are combined right to left, then each thread writes its run.
 [[maybe_unused]] static __global__ void gate_gradients_kernel(expanse_tensor log_g, expanse_tensor dlog_g, backward_work w,
-                                      const float* final_term, expanse_problem pb) {
+                                                              const float* boundary, expanse_problem pb) {
   __shared__ float run_sum[kBackwardThreads];
   __shared__ int run_has_reset[kBackwardThreads];
-  const int64_t kv = blockIdx.x % pb.h, batch = blockIdx.x / pb.h, group = pb.hq / pb.h;
-  const int64_t per = (pb.t + blockDim.x - 1) / blockDim.x, first = threadIdx.x * per, end = min(first + per, pb.t);
+  const int64_t m = blockIdx.x % pb.n, head = blockIdx.x / pb.n, kv = head % pb.h, batch = head / pb.h;
+  const int64_t group = pb.hq / pb.h, chunk_first = m * pb.c, len = min(pb.c, pb.t - chunk_first);
+  const int64_t per = (len + blockDim.x - 1) / blockDim.x;
+  const int64_t first = chunk_first + min(len, threadIdx.x * per), end = chunk_first + min(len, (threadIdx.x + 1) * per);
   auto dG = [&](int64_t i) {
     float s = -w.kdk[(batch * pb.t + i) * pb.h + kv];
     for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh) s += w.qdq[(batch * pb.t + i) * pb.hq + qh];
-    s /= float(pb.p);
-    if (i == pb.t - 1 && final_term) s += final_term[blockIdx.x];
-    return s;
+    return s / float(pb.p);
   };
   auto is_reset = [&](int64_t i) { return isinf(*ptrf(log_g, off3(log_g, batch, i, kv))) && *ptrf(log_g, off3(log_g, batch, i, kv)) < 0; };
   float sum = 0.f;  // of the run's tokens before its first reset
@@ -315,7 +349,7 @@ __global__ void key_gradients_kernel(backward_tensors in, backward_states st, ba
   run_has_reset[threadIdx.x] = has_reset;
   __syncthreads();
   if (threadIdx.x == 0) {  // run_sum[k] becomes the value carried into run k from its right
-    float carry = 0.f;
+    float carry = boundary ? boundary[head * pb.n + m] : 0.f;
     for (int k = int(blockDim.x) - 1; k >= 0; --k) {
       const float start = run_sum[k] + (run_has_reset[k] ? 0.f : carry);
       run_sum[k] = carry;
@@ -329,22 +363,6 @@ __global__ void key_gradients_kernel(backward_tensors in, backward_states st, ba
     else acc += dG(i);
     *ptrf(dlog_g, off3(dlog_g, batch, i, kv)) = is_reset(i) ? 0.f : acc;
   }
-}
-
-// <dfinal_S, S_t> + <dfinal_z, z_t>, one block per (batch, kv head).
-[[maybe_unused]] static __global__ void final_term_kernel(expanse_tensor dfinal_S, expanse_tensor dfinal_z, const float* S_final,
-                                  const float* z_final, expanse_problem pb, float* out) {
-  __shared__ float scratch[kBackwardGroups + 1];
-  const int64_t kv = blockIdx.x % pb.h, batch = blockIdx.x / pb.h;
-  float s = 0.f;
-  if (dfinal_S.data)
-    for (int64_t idx = threadIdx.x; idx < pb.D * pb.e; idx += blockDim.x)
-      s += *ptrf(dfinal_S, off4(dfinal_S, batch, kv, idx / pb.e, idx % pb.e)) * S_final[blockIdx.x * pb.D * pb.e + idx];
-  if (dfinal_z.data && z_final)
-    for (int64_t r = threadIdx.x; r < pb.D; r += blockDim.x)
-      s += *ptrf(dfinal_z, off3(dfinal_z, batch, kv, r)) * z_final[blockIdx.x * pb.D + r];
-  s = block_sum(s, scratch);
-  if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
 // The gates' gradients inside each chunk, for the core operations (one thread per batch, kv head and

@@ -10,16 +10,6 @@
 #include "gpu/ops/implementations.hpp"
 
 namespace expanse_gpu {
-namespace {
-
-// The forward sweep: S, z enter each chunk [b,n,h,D(,e)] (null data without forward states);
-// S_final, z_final where plan.final_term.
-struct forward_sweep {
-  expanse_tensor S, z, S_final, z_final;
-};
-
-}  // namespace
-
 backward_plan plan_backward(const expanse_op& op) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
@@ -33,10 +23,10 @@ backward_plan plan_backward(const expanse_op& op) {
   return plan;
 }
 
-// update_state then discumsum in place through the backend's lists, as the forward runs them.
-static forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,
-                                              launch_context& lc) {
+forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,
+                                       launch_context& lc) {
   enum step_slot { kUpdateState = 1, kDiscumsumS, kDiscumsumZ };
+  static_assert(kDiscumsumZ == kForwardSweepSlots, "the slots the sweep takes");
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
   const expanse_tensor& dev = *a.q;
@@ -69,19 +59,34 @@ static forward_sweep recompute_forward_states(const expanse_op& op, const backwa
   return fw;
 }
 
-void launch_gate_gradients(const expanse_op& op, const expanse_tensor& S_final, const expanse_tensor& z_final,
-                           backward_work w, float* final_sums, launch_context& lc) {
+float* take_boundary_sums(const expanse_op& op, const backward_plan& plan, workspace& ws) {
+  const expanse_problem& pb = *op.problem;
+  const bool wanted = args_of<expanse_power_attention_backward_args>(op).dlog_g != nullptr && plan.cotangent_states;
+  return wanted ? ws.take<float>(size_t(pb.b * pb.h * pb.n)) : nullptr;
+}
+
+void launch_reverse_scan(const expanse_op& op, const backward_states& st, const expanse_tensor& Xs,
+                         const expanse_tensor& Xz, const forward_sweep& fw, const gates& g, float* boundary,
+                         launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
-  const int64_t heads = pb.b * pb.h;
-  if (final_sums && heads > 0) {
-    final_term_kernel<<<unsigned(heads), kBackwardThreads, 0, lc.stream>>>(
-        tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), static_cast<const float*>(S_final.data),
-        static_cast<const float*>(z_final.data), pb, final_sums);
-    check_launch("power_attention_backward final term");
-  }
-  if (a.dlog_g && heads > 0 && pb.t > 0) {
-    gate_gradients_kernel<<<unsigned(heads), kBackwardThreads, 0, lc.stream>>>(*a.log_g, *a.dlog_g, w, final_sums, pb);
+  const int64_t heads = pb.b * pb.h, per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
+  if (heads * per_head == 0) return;
+  if (boundary) cudaMemsetAsync(boundary, 0, size_t(heads * pb.n) * sizeof(float), lc.stream);
+  const scan_ends ends{tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), tensor_or_empty(a.dinitial_S),
+                       tensor_or_empty(a.dinitial_z), static_cast<const float*>(fw.S_final.data),
+                       static_cast<const float*>(fw.z_final.data)};
+  const int64_t tiles = (per_head + kBackwardThreads - 1) / kBackwardThreads;
+  reverse_scan_kernel<<<unsigned(tiles * heads), kBackwardThreads, 0, lc.stream>>>(st, Xs, Xz, ends, g, pb, boundary);
+  check_launch("power_attention_backward reverse scan");
+}
+
+void launch_gate_gradients(const expanse_op& op, const float* boundary, backward_work w, launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = args_of<expanse_power_attention_backward_args>(op);
+  const int64_t chunks = pb.b * pb.h * pb.n;
+  if (a.dlog_g && chunks > 0 && pb.t > 0) {
+    gate_gradients_kernel<<<unsigned(chunks), kBackwardThreads, 0, lc.stream>>>(*a.log_g, *a.dlog_g, w, boundary, pb);
     check_launch("power_attention_backward dlog_g");
   }
 }
@@ -107,7 +112,7 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
   step_inputs shared;
   shared.phi = make_phi_tables(pb, lc);
   shared.g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
-  const int64_t tokens = pb.b * pb.t, states = pb.b * pb.n * pb.h * pb.D, heads = pb.b * pb.h;
+  const int64_t tokens = pb.b * pb.t, states = pb.b * pb.n * pb.h * pb.D;
   backward_work w{};
   w.dnum = lc.ws.take<float>(size_t(tokens * pb.hq * pb.e));
   w.dden = lc.ws.take<float>(size_t(tokens * pb.hq));
@@ -119,7 +124,7 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
     st.dY = f32_view(lc.ws.take<float>(size_t(states * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
     if (plan.need_z || a.dinitial_z) st.dZ = f32_view(lc.ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, dev);
   }
-  float* final_sums = plan.final_term ? lc.ws.take<float>(size_t(heads)) : nullptr;
+  float* boundary = take_boundary_sums(op, plan, lc.ws);
   st.S = fw.S, st.z = fw.z;
   if (lc.ws.sizing()) return;
 
@@ -139,12 +144,7 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
       check_launch("power_attention_backward cotangent states");
     }
   });
-  if (st.dY.data && heads * pb.D > 0) {
-    reverse_scan_kernel<<<grid_for(heads * pb.D * (pb.e + 1), 256), 256, 0, lc.stream>>>(
-        st, g, pb, tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), tensor_or_empty(a.dinitial_S),
-        tensor_or_empty(a.dinitial_z));
-    check_launch("power_attention_backward reverse scan");
-  }
+  if (st.dY.data) launch_reverse_scan(op, st, expanse_tensor{}, expanse_tensor{}, fw, g, boundary, lc);
   with_input_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
     if (query_blocks == 0) return;
@@ -153,7 +153,7 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
     key_gradients_kernel<T><<<key_blocks, kBackwardThreads, 0, lc.stream>>>(in, st, w, g, table, pb, form);
     check_launch("power_attention_backward dk, dv");
   });
-  launch_gate_gradients(op, fw.S_final, fw.z_final, w, final_sums, lc);
+  launch_gate_gradients(op, boundary, w, lc);
 }
 
 }  // namespace expanse_gpu

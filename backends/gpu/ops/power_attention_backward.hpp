@@ -15,9 +15,28 @@ struct backward_plan {
 };
 backward_plan plan_backward(const expanse_op& op);
 
-// dlog_g: the segmented reverse cumulative sum of (q . dq - k . dk) / p from w.qdq, w.kdk, plus
-// <dfinal, final> (S_final, z_final; into final_sums [b,h], null without the term) at the last token.
-void launch_gate_gradients(const expanse_op& op, const expanse_tensor& S_final, const expanse_tensor& z_final,
-                           backward_work w, float* final_sums, launch_context& lc);
+// The forward sweep: update_state then discumsum in place through the backend's lists, as the forward
+// runs them. S, z enter each chunk [b,n,h,D(,e)] (null data without forward states); S_final, z_final
+// where plan.final_term. Its steps take the memo slots 1..kForwardSweepSlots.
+struct forward_sweep {
+  expanse_tensor S, z, S_final, z_final;
+};
+constexpr int kForwardSweepSlots = 3;
+forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,
+                                       launch_context& lc);
+
+// The gates' boundary terms [b,h,n] (reverse_scan_kernel), taken from the workspace where the call wants
+// dlog_g and has state cotangents; null otherwise.
+float* take_boundary_sums(const expanse_op& op, const backward_plan& plan, workspace& ws);
+
+// The reverse scan of the state cotangents over st.dY, st.dZ (chunk inputs in place, or summed over the
+// query heads from Xs, Xz where their data is set), dinitial_S/z, and the boundary terms.
+void launch_reverse_scan(const expanse_op& op, const backward_states& st, const expanse_tensor& Xs,
+                         const expanse_tensor& Xz, const forward_sweep& fw, const gates& g, float* boundary,
+                         launch_context& lc);
+
+// dlog_g: chunk by chunk, the segmented reverse cumulative sum of (q . dq - k . dk) / p from w.qdq,
+// w.kdk, started from the chunk's boundary term (null: none).
+void launch_gate_gradients(const expanse_op& op, const float* boundary, backward_work w, launch_context& lc);
 
 }  // namespace expanse_gpu

@@ -150,15 +150,13 @@ __device__ __forceinline__ uint4 mul2x4(const uint4& a, const uint4& b) {
   return make_uint4(mul2<T>(a.x, b.x), mul2<T>(a.y, b.y), mul2<T>(a.z, b.z), mul2<T>(a.w, b.w));
 }
 
-// Warp tile products. c = A B^T: A is this warp's 16 rows over W (as A fragments), B the 64 rows of
+// Warp tile products. c += A B^T: A is this warp's 16 rows over W (as A fragments), B the 64 rows of
 // a [64][W] b16 tile in shared memory (row stride `stride`); c is 16 x 64 as 8 n-tiles.
 template <class T, int W>
-__device__ __forceinline__ void rows_times_rows(float (&c)[8][4], const uint32_t (&a)[W / 16][4], const T* b_rows,
-                                                int stride, int lane) {
+__device__ __forceinline__ void add_rows_times_rows(float (&c)[8][4], const uint32_t (&a)[W / 16][4], const T* b_rows,
+                                                    int stride, int lane) {
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c[nt][i] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < W / 16; kk += 2) {
       uint32_t b[4];
@@ -167,6 +165,17 @@ __device__ __forceinline__ void rows_times_rows(float (&c)[8][4], const uint32_t
       if (kk + 1 < W / 16) mma_16816<T>(c[nt], a[kk + 1], b + 2);
     }
   }
+}
+
+// c = A B^T (as add_rows_times_rows).
+template <class T, int W>
+__device__ __forceinline__ void rows_times_rows(float (&c)[8][4], const uint32_t (&a)[W / 16][4], const T* b_rows,
+                                                int stride, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[nt][i] = 0.f;
+  add_rows_times_rows<T, W>(c, a, b_rows, stride, lane);
 }
 
 // acc (16 x W) += A (16 x 64, as A fragments over the 64) times a [64][W] b16 tile in shared memory.

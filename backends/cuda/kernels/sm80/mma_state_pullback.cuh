@@ -1,0 +1,210 @@
+// The state terms of dq and dk in power_attention_backward (docs/spec.md "Gradients", chunked form),
+// on tensor cores (mma.sync, sm_80+), for p = 2 in the symmetric layout:
+//   out_i = rho_i J_phi(y_i)^T U_i,   U_i = r_i M x_i + alpha_i z      (M [D, e] and z [D] of token i's chunk)
+// dq: y = scale q, x = dout, r = 1 / den, alpha = dden, M, z the forward state entering the chunk,
+//     rho = exp(Gc_i);
+// dk: y = k, x = v, r = alpha = 1, M, z the cotangent of the state leaving the chunk, rho = exp(A_m - Gc_j).
+// For p = 2, phi_(a,b)(y) = c_ab y_a y_b (a <= b; c_ab = sqrt 2 off the diagonal, 1 on it), so
+//   J^T U = sum_(a<=b) c_ab U_(a,b) (y_b e_a + y_a e_b).
+// The features are taken in tiles of 8 x 8 (a in block A, b in block B >= A; on the diagonal blocks
+// the entries with a > b are zero), whose state rows the CTA gathers and splits into b16 pairs hi + lo
+// (x is exact in b16, y is f32): U for the tile is two 16 x 64 x e products per warp, as accurate as
+// f32 states (the gates' gradient sums y . out over a chunk, where a b16 state's 2^-9 would add up to
+// 5e-3 at P1), and its pullback stays in registers: the thread that
+// holds U_(a,b) for columns b adds c U y_a to out[b] (its own columns in every block B) and c U y_b
+// to a partial sum for out[a], summed over the quad once per block A.
+//
+// CTA: 8 warps, 128 tokens of one chunk and head (16 per warp); the whole state is read once per CTA.
+#pragma once
+
+#include "kernels/common.cuh"
+#include "kernels/sm80/mma.cuh"
+
+namespace expanse_cuda {
+
+struct pullback_params {
+  const void* y;  // [b,t,H,d], the input dtype, last dim contiguous
+  int64_t y_sb, y_st, y_sh;
+  float y_scale;  // y is this times the tensor
+  const void* x;  // [b,t,H,e], the input dtype, last dim contiguous
+  int64_t x_sb, x_st, x_sh;
+  const float* r;      // [b,t,H] contiguous; null: 1
+  const float* alpha;  // [b,t,H] contiguous; null: 1
+  const float* M;      // [b,n,h,D,e] f32, last dim contiguous
+  int64_t M_sb, M_sn, M_sh, M_sr;
+  const float* z;      // [b,n,h,D] f32, last dim contiguous; null: no z term
+  int64_t z_sb, z_sn, z_sh;
+  float* out;          // [b,t,H,d] f32, contiguous: written
+  gates g;             // rho: exp(Gc_i) (queries) or exp(total - Gc_j) (keys, g.keys())
+  int keys;            // 1: rho = exp(total - Gc_j)
+  int64_t t, c, n, H, h;
+  int token_tiles;
+};
+
+namespace pullback_cfg {
+constexpr int kThreads = 256, kRows = 128;
+}
+
+template <class T, int DH, int E>
+constexpr size_t pullback_smem() {
+  using namespace pullback_cfg;
+  return size_t(kRows) * (E + 8) * sizeof(T) + size_t(2 * 64) * (E + 8) * sizeof(T) + size_t(kRows) * (DH + 1) * sizeof(float) +
+         (64 + 3 * kRows) * sizeof(float);
+}
+
+// The symmetric layout's index of (a, b), a <= b: the rows of a' < a, then b - a.
+__host__ __device__ constexpr int sympow2_index(int d, int a, int b) { return a * d - a * (a - 1) / 2 + (b - a); }
+
+template <class T, int DH, int E>
+__global__ void __launch_bounds__(256) mma_state_pullback_kernel(pullback_params P) {
+  using namespace pullback_cfg;
+  constexpr int kXS = E + 8, kYS = DH + 1, kBlocks = DH / 8;
+  constexpr float kSqrt2 = 1.4142135623730951f;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* xs = reinterpret_cast<T*>(smem_raw);  // [kRows][kXS]
+  T* ms = xs + kRows * kXS;                // [64][kXS]: the tile's state rows, hi
+  T* ml = ms + 64 * kXS;                   // [64][kXS]: lo
+  float* ys = reinterpret_cast<float*>(ml + 64 * kXS);  // [kRows][kYS]
+  float* zs = ys + kRows * kYS;                          // [64]: the tile's z entries
+  float* al = zs + 64;                                   // [kRows]: alpha
+  float* rho = al + kRows;                               // [kRows]
+  float* rs = rho + kRows;                               // [kRows]: r
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  const cta_coords at = decode_cta(P.token_tiles, P.H, P.n);
+  const int64_t head = at.head, m = at.chunk, batch = at.batch, kv = head / (P.H / P.h), bh = batch * P.h + kv;
+  const int64_t first = m * P.c, len = min(P.c, P.t - first);
+  const int r0 = at.tile * kRows;
+  if (r0 >= len) return;
+
+  const T* xbase = static_cast<const T*>(P.x) + batch * P.x_sb + head * P.x_sh;
+  const T* ybase = static_cast<const T*>(P.y) + batch * P.y_sb + head * P.y_sh;
+  for (int vi = tid; vi < kRows * E / 8; vi += kThreads) {
+    const int s = vi / (E / 8), c8 = vi % (E / 8);
+    *reinterpret_cast<uint4*>(xs + s * kXS + c8 * 8) =
+        r0 + s < len ? *reinterpret_cast<const uint4*>(xbase + (first + r0 + s) * P.x_st + c8 * 8) : make_uint4(0, 0, 0, 0);
+  }
+  for (int vi = tid; vi < kRows * DH; vi += kThreads) {
+    const int s = vi / DH, col = vi % DH;
+    ys[s * kYS + col] = r0 + s < len ? P.y_scale * to_f32(ybase[(first + r0 + s) * P.y_st + col]) : 0.f;
+  }
+  if (tid < kRows) {
+    const bool in = r0 + tid < len;
+    const int64_t i = first + r0 + tid;
+    al[tid] = in && P.alpha ? P.alpha[(batch * P.t + i) * P.H + head] : 1.f;
+    rs[tid] = in && P.r ? P.r[(batch * P.t + i) * P.H + head] : 1.f;
+    float w = 0.f;
+    if (in) {
+      if (!P.keys) w = expf(P.g.cum(bh, P.t, i));
+      else w = P.g.Gc ? expf(P.g.chunk_total(bh, P.n, m) - P.g.cum(bh, P.t, i)) : 1.f;
+    }
+    rho[tid] = w;
+  }
+  __syncthreads();
+
+  uint32_t xa[E / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < E / 16; ++kk) ldmatrix_x4(xa[kk], xs + (warp * 16 + (lane & 15)) * kXS + kk * 16 + (lane >> 4) * 8);
+  const int row[2] = {warp * 16 + g, warp * 16 + g + 8};
+  const float r_row[2] = {rs[row[0]], rs[row[1]]}, al_row[2] = {al[row[0]], al[row[1]]};
+
+  const float* Mbase = P.M + batch * P.M_sb + m * P.M_sn + kv * P.M_sh;
+  const float* zbase = P.z ? P.z + batch * P.z_sb + m * P.z_sn + kv * P.z_sh : nullptr;
+  // Each thread gathers 4 of the tile's 64 x E state entries per pass: tile row = vi / (E / 4).
+  constexpr int kLoads = 64 * E / 4 / kThreads;
+  float4 next[kLoads];
+  auto load_tile = [&](int A, int B) {
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int vi = tid + l * kThreads, tr = vi / (E / 4), c4 = vi % (E / 4);
+      const int a = A * 8 + tr / 8, b = B * 8 + tr % 8;
+      next[l] = a <= b ? *reinterpret_cast<const float4*>(Mbase + sympow2_index(DH, a, b) * P.M_sr + c4 * 4)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  auto store_tile = [&](int A, int B) {
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int vi = tid + l * kThreads, tr = vi / (E / 4), c4 = vi % (E / 4);
+      uint2 hi, lo;
+      split2_f32<T>(next[l].x, next[l].y, hi.x, lo.x);
+      split2_f32<T>(next[l].z, next[l].w, hi.y, lo.y);
+      *reinterpret_cast<uint2*>(ms + tr * kXS + c4 * 4) = hi;
+      *reinterpret_cast<uint2*>(ml + tr * kXS + c4 * 4) = lo;
+    }
+    if (tid < 64) {
+      const int a = A * 8 + tid / 8, b = B * 8 + tid % 8;
+      zs[tid] = zbase && a <= b ? zbase[sympow2_index(DH, a, b)] : 0.f;
+    }
+  };
+
+  float outb[kBlocks][2][2];  // out[row][8 B + 2 tq + j]
+#pragma unroll
+  for (int B = 0; B < kBlocks; ++B)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) outb[B][i >> 1][i & 1] = 0.f;
+
+  load_tile(0, 0);
+#pragma unroll
+  for (int A = 0; A < kBlocks; ++A) {
+    float part[8][2];  // partial out[row][8 A + k], this thread's columns only
+#pragma unroll
+    for (int k = 0; k < 8; ++k) part[k][0] = part[k][1] = 0.f;
+#pragma unroll
+    for (int B = A; B < kBlocks; ++B) {
+      __syncthreads();  // the previous tile is no longer read
+      store_tile(A, B);
+      __syncthreads();
+      if (B + 1 < kBlocks) load_tile(A, B + 1);
+      else if (A + 1 < kBlocks) load_tile(A + 1, A + 1);
+      float u[8][4];
+      rows_times_rows<T, E>(u, xa, ms, kXS, lane);
+      add_rows_times_rows<T, E>(u, xa, ml, kXS, lane);
+      float yb[2][2];  // y[row][8 B + 2 tq + j]
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) yb[hf][j] = ys[row[hf] * kYS + B * 8 + 2 * tq + j];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int a = A * 8 + k;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int hf = i >> 1, j = i & 1, b = B * 8 + 2 * tq + j;
+          if (A == B && a > b) continue;
+          const float coef = a == b ? 1.f : kSqrt2;
+          const float cu = coef * fmaf(al_row[hf], zs[k * 8 + 2 * tq + j], r_row[hf] * u[k][i]);
+          part[k][hf] = fmaf(cu, yb[hf][j], part[k][hf]);
+          outb[B][hf][j] = fmaf(cu, ys[row[hf] * kYS + a], outb[B][hf][j]);
+        }
+      }
+    }
+    // out[row][8 A + k] from the quad's partial sums; the thread whose columns hold k adds it.
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        part[k][hf] += __shfl_xor_sync(0xffffffffu, part[k][hf], 1);
+        part[k][hf] += __shfl_xor_sync(0xffffffffu, part[k][hf], 2);
+      }
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k / 2 == tq)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) outb[A][hf][k & 1] += part[k][hf];
+  }
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = row[hf];
+    if (r0 + r >= len) continue;
+    float* out = P.out + ((batch * P.t + first + r0 + r) * P.H + head) * DH;
+    const float w = rho[r];
+#pragma unroll
+    for (int B = 0; B < kBlocks; ++B) {
+      *reinterpret_cast<float2*>(out + B * 8 + 2 * tq) = make_float2(w * outb[B][hf][0], w * outb[B][hf][1]);
+    }
+  }
+}
+
+}  // namespace expanse_cuda
