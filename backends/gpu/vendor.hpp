@@ -28,6 +28,7 @@ constexpr int kWarpSize = 64;  // a wavefront of CDNA (gfx90a, gfx94x)
 inline error_t last_error() { return hipGetLastError(); }
 inline bool failed(error_t e) { return e != hipSuccess; }
 inline const char* error_text(error_t e) { return hipGetErrorString(e); }
+inline error_t memset_async(void* p, int value, size_t bytes, stream_t s) { return hipMemsetAsync(p, value, bytes, s); }
 __device__ __forceinline__ float bf16_to_f32(bfloat16_t x) { return static_cast<float>(x); }
 __device__ __forceinline__ bfloat16_t f32_to_bf16(float x) { return bfloat16_t(x); }  // rounds to nearest even
 // x from the lane `lane ^ mask` of the same lane group (a wavefront holds two groups).
@@ -41,6 +42,7 @@ constexpr int kWarpSize = 32;
 inline error_t last_error() { return cudaGetLastError(); }
 inline bool failed(error_t e) { return e != cudaSuccess; }
 inline const char* error_text(error_t e) { return cudaGetErrorString(e); }
+inline error_t memset_async(void* p, int value, size_t bytes, stream_t s) { return cudaMemsetAsync(p, value, bytes, s); }
 __device__ __forceinline__ float bf16_to_f32(bfloat16_t x) { return __bfloat162float(x); }
 __device__ __forceinline__ bfloat16_t f32_to_bf16(float x) { return __float2bfloat16_rn(x); }
 // x from the lane `lane ^ mask` of the same lane group (a warp); all 32 lanes take part.

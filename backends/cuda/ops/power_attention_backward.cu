@@ -133,7 +133,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
     with_b16_type(pb.input_dtype, [&](auto tag) {
       using T = decltype(tag);
       if (den_state) {
-        const int tiles = int((std::min(pb.c, pb.t) + kQuadTokens - 1) / kQuadTokens);
+        const int tiles = int((std::min(pb.c, pb.t) + kDenTokens - 1) / kDenTokens);
         state_denominators_kernel<T><<<unsigned(int64_t(tiles) * pb.n * pb.hq * pb.b), kQuadThreads, 0, lc.stream>>>(
             *a.q, static_cast<const float*>(st.z.data), shared.g, pb, scale_p, tiles, den_state);
         check_launch("mma power_attention_backward state denominators");

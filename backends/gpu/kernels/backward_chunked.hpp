@@ -25,7 +25,7 @@ __global__ void query_cotangent_operands_kernel(const float* dnum, gates g, expa
 //   sum_i w_i phi(x_i) = the upper triangle of X^T diag(w) X, scaled by c_ab, and
 //   phi(x)^T z = x^T Z x with Z_ab = Z_ba = c_ab z_(a,b) / 2 off the diagonal.
 // Both kernels take d = 64 (kQuadDim) and go through the 64 x 64 matrix, not the D table rows.
-constexpr int kQuadDim = 64, kQuadThreads = 256, kQuadTokens = 32;
+constexpr int kQuadDim = 64, kQuadThreads = 256, kQuadTokens = 32, kDenTokens = 64;
 
 __device__ __forceinline__ int64_t sympow2_row(int64_t d, int64_t a, int64_t b) { return a * d - a * (a - 1) / 2 + (b - a); }
 
@@ -69,17 +69,17 @@ __global__ void __launch_bounds__(kQuadThreads) weighted_features_kernel(expanse
 }
 
 // den_state [b,t,hq] = exp(Gc_i) phi(scale q_i)^T z_m (z [b,n,h,D] f32, contiguous): one block per
-// (kQuadTokens tokens of one chunk, query head, batch); Z in shared memory, 8 threads per token.
+// (kDenTokens tokens of one chunk, query head, batch); Z in shared memory, 4 threads per token.
 template <class T>
 __global__ void __launch_bounds__(kQuadThreads) state_denominators_kernel(expanse_tensor q, const float* z, gates g,
                                                                           expanse_problem pb, float scale_p, int tiles,
                                                                           float* den_state) {
   __shared__ float zs[kQuadDim][kQuadDim + 1];
-  __shared__ float qs[kQuadTokens][kQuadDim + 1];
+  __shared__ float qs[kDenTokens][kQuadDim + 1];
   const int tile = int(blockIdx.x % tiles);
   const int64_t rest = blockIdx.x / tiles, qh = rest % pb.hq, m = (rest / pb.hq) % pb.n, batch = rest / (pb.hq * pb.n);
-  const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv, first = m * pb.c + int64_t(tile) * kQuadTokens;
-  const int64_t len = min(int64_t(kQuadTokens), min(pb.c - int64_t(tile) * kQuadTokens, pb.t - first));
+  const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv, first = m * pb.c + int64_t(tile) * kDenTokens;
+  const int64_t len = min(int64_t(kDenTokens), min(pb.c - int64_t(tile) * kDenTokens, pb.t - first));
   if (len <= 0) return;
   const float* zm = z + ((batch * pb.n + m) * pb.h + kv) * pb.D;
   for (int x = threadIdx.x; x < kQuadDim * kQuadDim; x += blockDim.x) {
@@ -87,19 +87,19 @@ __global__ void __launch_bounds__(kQuadThreads) state_denominators_kernel(expans
     const float v = zm[sympow2_row(kQuadDim, min(a, b), max(a, b))];
     zs[a][b] = a == b ? v : 0.70710678118654752f * v;  // c_ab / 2 = 1 / sqrt 2
   }
-  for (int x = threadIdx.x; x < kQuadTokens * kQuadDim; x += blockDim.x) {
+  for (int x = threadIdx.x; x < kDenTokens * kQuadDim; x += blockDim.x) {
     const int s = x / kQuadDim, col = x % kQuadDim;
     qs[s][col] = s < len ? load<T>(q, off4(q, batch, first + s, qh, col)) : 0.f;
   }
   __syncthreads();
-  const int s = threadIdx.x / 8, part = threadIdx.x % 8;  // 8 threads per token, 8 rows a each
+  const int s = threadIdx.x / 4, part = threadIdx.x % 4;  // 4 threads per token, 16 rows a each
   float sum = 0.f;
-  for (int a = part * 8; a < part * 8 + 8; ++a) {
+  for (int a = part * 16; a < part * 16 + 16; ++a) {
     float row = 0.f;
     for (int b = 0; b < kQuadDim; ++b) row = fmaf(zs[a][b], qs[s][b], row);
     sum = fmaf(qs[s][a], row, sum);
   }
-  for (int o = 4; o > 0; o >>= 1) sum += shfl_xor_group(sum, o);
+  for (int o = 2; o > 0; o >>= 1) sum += shfl_xor_group(sum, o);
   if (part == 0 && s < len) {
     const int64_t i = first + s;
     den_state[(batch * pb.t + i) * pb.hq + qh] = scale_p * expf(g.cum(bh, pb.t, i)) * sum;

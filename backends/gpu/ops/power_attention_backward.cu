@@ -72,7 +72,8 @@ void launch_reverse_scan(const expanse_op& op, const backward_states& st, const 
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
   const int64_t heads = pb.b * pb.h, per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
   if (heads * per_head == 0) return;
-  if (boundary) cudaMemsetAsync(boundary, 0, size_t(heads * pb.n) * sizeof(float), lc.stream);
+  if (boundary && failed(memset_async(boundary, 0, size_t(heads * pb.n) * sizeof(float), lc.stream)))
+    throw std::runtime_error("power_attention_backward: clearing the boundary terms failed");
   const scan_ends ends{tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), tensor_or_empty(a.dinitial_S),
                        tensor_or_empty(a.dinitial_z), static_cast<const float*>(fw.S_final.data),
                        static_cast<const float*>(fw.z_final.data)};

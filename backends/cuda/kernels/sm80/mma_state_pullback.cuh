@@ -10,11 +10,12 @@
 // the entries with a > b are zero), whose state rows the CTA gathers and splits into b16 pairs hi + lo
 // (x is exact in b16, y is f32): U for the tile is two 16 x 64 x e products per warp, as accurate as
 // f32 states (the gates' gradient sums y . out over a chunk, where a b16 state's 2^-9 would add up to
-// 5e-3 at P1), and its pullback stays in registers: the thread that
-// holds U_(a,b) for columns b adds c U y_a to out[b] (its own columns in every block B) and c U y_b
-// to a partial sum for out[a], summed over the quad once per block A.
+// 5e-3 at P1). The thread that holds U_(a,b) for columns b adds c U y_a to out[b] (its own columns in
+// every block B, in shared memory) and c U y_b to a partial sum for out[a] in registers, summed over
+// the quad once per block A.
 //
-// CTA: 8 warps, 128 tokens of one chunk and head (16 per warp); the whole state is read once per CTA.
+// CTA: 8 warps, 128 tokens of one chunk and head (16 per warp), two CTAs per SM (128 registers); the
+// whole state is read once per CTA.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -49,14 +50,14 @@ template <class T, int DH, int E>
 constexpr size_t pullback_smem() {
   using namespace pullback_cfg;
   return size_t(kRows) * (E + 8) * sizeof(T) + size_t(2 * 64) * (E + 8) * sizeof(T) + size_t(kRows) * (DH + 1) * sizeof(float) +
-         (64 + 3 * kRows) * sizeof(float);
+         (64 + 3 * kRows) * sizeof(float) + size_t(kRows) * (DH + 1) * sizeof(float);
 }
 
 // The symmetric layout's index of (a, b), a <= b: the rows of a' < a, then b - a.
 __host__ __device__ constexpr int sympow2_index(int d, int a, int b) { return a * d - a * (a - 1) / 2 + (b - a); }
 
 template <class T, int DH, int E>
-__global__ void __launch_bounds__(256) mma_state_pullback_kernel(pullback_params P) {
+__global__ void __launch_bounds__(256, 2) mma_state_pullback_kernel(pullback_params P) {
   using namespace pullback_cfg;
   constexpr int kXS = E + 8, kYS = DH + 1, kBlocks = DH / 8;
   constexpr float kSqrt2 = 1.4142135623730951f;
@@ -138,19 +139,21 @@ __global__ void __launch_bounds__(256) mma_state_pullback_kernel(pullback_params
     }
   };
 
-  float outb[kBlocks][2][2];  // out[row][8 B + 2 tq + j]
+  // out[row][col] accumulates in shared memory, each entry owned by one thread (the columns 8 B + 2 tq + j
+  // of its rows), so that the loops over the tiles need not be unrolled to keep it in registers (255
+  // registers and one CTA per SM when they were).
+  float* outs = reinterpret_cast<float*>(rs + kRows);  // [kRows][kYS]
 #pragma unroll
-  for (int B = 0; B < kBlocks; ++B)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) outb[B][i >> 1][i & 1] = 0.f;
+  for (int hf = 0; hf < 2; ++hf)
+    for (int col = 2 * tq; col < DH; col += 8) outs[row[hf] * kYS + col] = outs[row[hf] * kYS + col + 1] = 0.f;
 
   load_tile(0, 0);
-#pragma unroll
+#pragma unroll 1
   for (int A = 0; A < kBlocks; ++A) {
     float part[8][2];  // partial out[row][8 A + k], this thread's columns only
 #pragma unroll
     for (int k = 0; k < 8; ++k) part[k][0] = part[k][1] = 0.f;
-#pragma unroll
+#pragma unroll 1
     for (int B = A; B < kBlocks; ++B) {
       __syncthreads();  // the previous tile is no longer read
       store_tile(A, B);
@@ -160,7 +163,7 @@ __global__ void __launch_bounds__(256) mma_state_pullback_kernel(pullback_params
       float u[8][4];
       rows_times_rows<T, E>(u, xa, ms, kXS, lane);
       add_rows_times_rows<T, E>(u, xa, ml, kXS, lane);
-      float yb[2][2];  // y[row][8 B + 2 tq + j]
+      float yb[2][2], ob[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // y and out at [row][8 B + 2 tq + j]
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
@@ -175,9 +178,13 @@ __global__ void __launch_bounds__(256) mma_state_pullback_kernel(pullback_params
           const float coef = a == b ? 1.f : kSqrt2;
           const float cu = coef * fmaf(al_row[hf], zs[k * 8 + 2 * tq + j], r_row[hf] * u[k][i]);
           part[k][hf] = fmaf(cu, yb[hf][j], part[k][hf]);
-          outb[B][hf][j] = fmaf(cu, ys[row[hf] * kYS + a], outb[B][hf][j]);
+          ob[hf][j] = fmaf(cu, ys[row[hf] * kYS + a], ob[hf][j]);
         }
       }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) outs[row[hf] * kYS + B * 8 + 2 * tq + j] += ob[hf][j];
     }
     // out[row][8 A + k] from the quad's partial sums; the thread whose columns hold k adds it.
 #pragma unroll
@@ -191,7 +198,7 @@ __global__ void __launch_bounds__(256) mma_state_pullback_kernel(pullback_params
     for (int k = 0; k < 8; ++k)
       if (k / 2 == tq)
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) outb[A][hf][k & 1] += part[k][hf];
+        for (int hf = 0; hf < 2; ++hf) outs[row[hf] * kYS + A * 8 + k] += part[k][hf];
   }
 
 #pragma unroll
@@ -200,10 +207,8 @@ __global__ void __launch_bounds__(256) mma_state_pullback_kernel(pullback_params
     if (r0 + r >= len) continue;
     float* out = P.out + ((batch * P.t + first + r0 + r) * P.H + head) * DH;
     const float w = rho[r];
-#pragma unroll
-    for (int B = 0; B < kBlocks; ++B) {
-      *reinterpret_cast<float2*>(out + B * 8 + 2 * tq) = make_float2(w * outb[B][hf][0], w * outb[B][hf][1]);
-    }
+    for (int col = 2 * tq; col < DH; col += 8)
+      *reinterpret_cast<float2*>(out + col) = make_float2(w * outs[r * kYS + col], w * outs[r * kYS + col + 1]);
   }
 }
 
