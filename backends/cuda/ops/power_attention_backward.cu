@@ -74,7 +74,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
   const expanse_tensor& dev = *a.q;
   const backward_plan plan = plan_backward(op);
   const bool sizing = lc.ws.sizing(), grouped = pb.hq != pb.h;
-  const int64_t qrows = pb.b * pb.t * pb.hq, krows = pb.b * pb.t * pb.h, states = pb.b * pb.n * pb.h * pb.D;
+  const int64_t qrows = pb.b * pb.t * pb.hq, krows = pb.b * pb.t * pb.h;
 
   step_inputs shared;
   shared.phi = make_phi_tables(pb, lc);
@@ -90,12 +90,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
     return step;
   };
 
-  backward_work w{};
-  w.dnum = lc.ws.take<float>(size_t(qrows * pb.e));
-  w.dden = lc.ws.take<float>(size_t(qrows));
-  w.qdq = lc.ws.take<float>(size_t(qrows));
-  w.kdk = lc.ws.take<float>(size_t(krows));
-  w.rden = pb.normalize ? lc.ws.take<float>(size_t(qrows)) : nullptr;
+  backward_work w = take_backward_work(pb, pb.normalize != 0, lc.ws);
   // The f32 sums: the pairs' (dq, dk, dv, and A M by query and by key) and the state terms'.
   float* sum_q = lc.ws.take<float>(size_t(qrows * pb.d));
   float* sum_k = lc.ws.take<float>(size_t(krows * pb.d));
@@ -207,8 +202,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
   // weighted dnum, every query head; a feature sum for dden), then the reverse scan.
   expanse_tensor dv_state{};
   if (plan.cotangent_states) {
-    st.dY = f32_view(lc.ws.take<float>(size_t(states * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
-    if (plan.need_z || a.dinitial_z) st.dZ = f32_view(lc.ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, dev);
+    take_cotangent_states(op, plan, lc.ws, st);
     const int64_t query_states = pb.b * pb.n * pb.hq * pb.D;
     expanse_tensor Xs{}, Xz{};  // the chunk inputs per query head where they are grouped; else in place
     if (grouped) {

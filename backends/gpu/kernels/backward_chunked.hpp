@@ -27,8 +27,6 @@ __global__ void query_cotangent_operands_kernel(const float* dnum, gates g, expa
 // Both kernels take d = 64 (kQuadDim) and go through the 64 x 64 matrix, not the D table rows.
 constexpr int kQuadDim = 64, kQuadThreads = 256, kQuadTokens = 32, kDenTokens = 64;
 
-__device__ __forceinline__ int64_t sympow2_row(int64_t d, int64_t a, int64_t b) { return a * d - a * (a - 1) / 2 + (b - a); }
-
 // out [b,n,hq,D] (f32, contiguous) = sum_{i in m} exp(Gc_i) scale^p dden_i phi(q_i): one block per (chunk,
 // query head, batch); each thread sums a 4 x 4 tile of q^T diag(w) q over the chunk's tokens, staged
 // kQuadTokens at a time.
@@ -64,7 +62,7 @@ __global__ void __launch_bounds__(kQuadThreads) weighted_features_kernel(expanse
   for (int x = 0; x < 4; ++x)
     for (int y = 0; y < 4; ++y) {
       const int a = a0 + x, b = b0 + y;
-      if (a <= b) o[sympow2_row(kQuadDim, a, b)] = scale_p * (a == b ? 1.f : 1.4142135623730951f) * acc[x][y];
+      if (a <= b) o[sympow2_row(kQuadDim, a, b)] = scale_p * sympow2_coef(a, b) * acc[x][y];
     }
 }
 
@@ -84,8 +82,7 @@ __global__ void __launch_bounds__(kQuadThreads) state_denominators_kernel(expans
   const float* zm = z + ((batch * pb.n + m) * pb.h + kv) * pb.D;
   for (int x = threadIdx.x; x < kQuadDim * kQuadDim; x += blockDim.x) {
     const int a = x / kQuadDim, b = x % kQuadDim;
-    const float v = zm[sympow2_row(kQuadDim, min(a, b), max(a, b))];
-    zs[a][b] = a == b ? v : 0.70710678118654752f * v;  // c_ab / 2 = 1 / sqrt 2
+    zs[a][b] = (a == b ? 1.f : 0.5f) * sympow2_coef(a, b) * zm[sympow2_row(kQuadDim, min(a, b), max(a, b))];
   }
   for (int x = threadIdx.x; x < kDenTokens * kQuadDim; x += blockDim.x) {
     const int s = x / kQuadDim, col = x % kQuadDim;

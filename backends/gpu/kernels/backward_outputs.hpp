@@ -48,11 +48,7 @@ __global__ void finish_keys_kernel(expanse_tensor k, expanse_tensor dk, expanse_
     }
     for (int o = kLaneGroup / 2; o > 0; o >>= 1) s += shfl_xor_group(s, o);
     if (lane == 0) kdk[row] = fmaf(float(pb.p), am[row], s);
-    float w = 0.f;
-    if (dv_state) {
-      const int64_t bh = batch * pb.h + kv;
-      w = keys.Gc ? expf(keys.chunk_total(bh, pb.n, j / pb.c) - keys.cum(bh, pb.t, j)) : 1.f;
-    }
+    const float w = dv_state ? keys.to_chunk_end(batch * pb.h + kv, pb.t, pb.n, j / pb.c, j) : 0.f;
     for (int64_t y = lane; y < pb.e; y += kLaneGroup) {
       float grad = sum_v[row * pb.e + y];
       if (dv_state) grad += w * to_f32(dv_state[row * pb.e + y]);

@@ -277,8 +277,7 @@ __global__ void key_gradients_kernel(backward_tensors in, backward_states st, ba
   for (int64_t y = threadIdx.x; y < pb.e; y += blockDim.x) vv[y] = load<T>(in.v, off4(in.v, batch, j, kv, y)), accv[y] = 0.f;
   __syncthreads();
   if (st.dY.data) {  // dphi_r = exp(A_m - Gc_j) (dY[r] . v_j + dZ[r])
-    const gates keys = g.keys();
-    const float decay = keys.Gc ? expf(keys.chunk_total(bh, pb.n, m) - keys.cum(bh, pb.t, j)) : 1.f;
+    const float decay = g.keys().to_chunk_end(bh, pb.t, pb.n, m, j);
     for (int64_t r = threadIdx.x; decay != 0.f && r < pb.D; r += blockDim.x) {
       float u = dot_with(vv, pb.e, [&](int64_t y) { return loadf(st.dY, off5(st.dY, batch, m, kv, r, y)); });
       if (st.dZ.data) u += loadf(st.dZ, off4(st.dZ, batch, m, kv, r));

@@ -50,6 +50,13 @@ struct phi_entry {
 };
 static_assert(sizeof(phi_entry) == 16, "phi_entry is 16 bytes");
 
+// The symmetric layout at p = 2, for the kernels that take it as a d x d matrix: the row of (a, b),
+// a <= b (the rows of every a' < a, then b - a), and its coefficient (sqrt 2 off the diagonal).
+template <class I>
+__host__ __device__ constexpr I sympow2_row(I d, I a, I b) { return a * d - a * (a - 1) / 2 + (b - a); }
+template <class I>
+__host__ __device__ constexpr float sympow2_coef(I a, I b) { return a == b ? 1.f : 1.4142135623730951f; }
+
 // The same expansion seen as blocks of 64 rows with one shape, for the Hopper kernels that form phi
 // from a few wide shared-memory loads (kernels/sm90/blocked_*): row 8 G + l (G, l < 8) of a block is
 //   coef * x[fixed[0]] * x[fixed[1]] * x[mid + G] * x[last + l]      (a fixed index d is a factor of 1),
@@ -109,6 +116,10 @@ struct gates {
   }
   __device__ __forceinline__ float chunk_total(int64_t bh, int64_t n, int64_t m) const {
     return total ? total[bh * n + m] : 0.f;
+  }
+  // exp(A_m - Gc_j): key j's decay to the end of its chunk m (read on the keys() view); 1 without gates.
+  __device__ __forceinline__ float to_chunk_end(int64_t bh, int64_t t_len, int64_t n, int64_t m, int64_t j) const {
+    return Gc ? expf(chunk_total(bh, n, m) - cum(bh, t_len, j)) : 1.f;
   }
   // The sum restarted after resets, at token i (0 without gates).
   __device__ __forceinline__ float since_reset(int64_t bh, int64_t t_len, int64_t i) const {

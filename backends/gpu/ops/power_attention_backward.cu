@@ -23,6 +23,26 @@ backward_plan plan_backward(const expanse_op& op) {
   return plan;
 }
 
+backward_work take_backward_work(const expanse_problem& pb, bool with_rden, workspace& ws) {
+  const int64_t qrows = pb.b * pb.t * pb.hq, krows = pb.b * pb.t * pb.h;
+  backward_work w{};
+  w.dnum = ws.take<float>(size_t(qrows * pb.e));
+  w.dden = ws.take<float>(size_t(qrows));
+  w.qdq = ws.take<float>(size_t(qrows));
+  w.kdk = ws.take<float>(size_t(krows));
+  w.rden = with_rden ? ws.take<float>(size_t(qrows)) : nullptr;
+  return w;
+}
+
+void take_cotangent_states(const expanse_op& op, const backward_plan& plan, workspace& ws, backward_states& st) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = args_of<expanse_power_attention_backward_args>(op);
+  const int64_t states = pb.b * pb.n * pb.h * pb.D;
+  if (!plan.cotangent_states) return;
+  st.dY = f32_view(ws.take<float>(size_t(states * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, *a.q);
+  if (plan.need_z || a.dinitial_z) st.dZ = f32_view(ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, *a.q);
+}
+
 forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,
                                        launch_context& lc) {
   enum step_slot { kUpdateState = 1, kDiscumsumS, kDiscumsumZ };
@@ -107,24 +127,16 @@ std::string power_attention_backward_simple_declines(const expanse_op& op, const
 void power_attention_backward_simple_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
-  const expanse_tensor& dev = *a.q;
   const backward_plan plan = plan_backward(op);
 
   step_inputs shared;
   shared.phi = make_phi_tables(pb, lc);
   shared.g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   const int64_t tokens = pb.b * pb.t, states = pb.b * pb.n * pb.h * pb.D;
-  backward_work w{};
-  w.dnum = lc.ws.take<float>(size_t(tokens * pb.hq * pb.e));
-  w.dden = lc.ws.take<float>(size_t(tokens * pb.hq));
-  w.qdq = lc.ws.take<float>(size_t(tokens * pb.hq));
-  w.kdk = lc.ws.take<float>(size_t(tokens * pb.h));
+  const backward_work w = take_backward_work(pb, false, lc.ws);
   const forward_sweep fw = recompute_forward_states(op, plan, shared, lc);
   backward_states st{};
-  if (plan.cotangent_states) {
-    st.dY = f32_view(lc.ws.take<float>(size_t(states * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, dev);
-    if (plan.need_z || a.dinitial_z) st.dZ = f32_view(lc.ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, dev);
-  }
+  take_cotangent_states(op, plan, lc.ws, st);
   float* boundary = take_boundary_sums(op, plan, lc.ws);
   st.S = fw.S, st.z = fw.z;
   if (lc.ws.sizing()) return;

@@ -1,5 +1,6 @@
 // What the implementations of power_attention_backward share (gpu/ops/power_attention_backward.cu):
-// the call's plan and the gates' gradient at the end.
+// the call's plan, its workspace arrays, the forward sweep, the reverse scan of the state cotangents
+// and the gates' gradient at the end.
 #pragma once
 
 #include "gpu/kernels/backward_simple.hpp"
@@ -14,6 +15,13 @@ struct backward_plan {
   bool final_term;        // dlog_g needs <dfinal, final state>
 };
 backward_plan plan_backward(const expanse_op& op);
+
+// The per-token arrays of backward_work (dnum, dden, q . dq, k . dk, and 1 / den where with_rden).
+backward_work take_backward_work(const expanse_problem& pb, bool with_rden, workspace& ws);
+
+// The state cotangents st.dY, st.dZ [b,n,h,D(,e)] where plan.cotangent_states (dZ where the normalizer
+// states take part or dinitial_z is wanted).
+void take_cotangent_states(const expanse_op& op, const backward_plan& plan, workspace& ws, backward_states& st);
 
 // The forward sweep: update_state then discumsum in place through the backend's lists, as the forward
 // runs them. S, z enter each chunk [b,n,h,D(,e)] (null data without forward states); S_final, z_final

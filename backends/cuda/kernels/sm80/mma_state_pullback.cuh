@@ -53,14 +53,10 @@ constexpr size_t pullback_smem() {
          (64 + 3 * kRows) * sizeof(float) + size_t(kRows) * (DH + 1) * sizeof(float);
 }
 
-// The symmetric layout's index of (a, b), a <= b: the rows of a' < a, then b - a.
-__host__ __device__ constexpr int sympow2_index(int d, int a, int b) { return a * d - a * (a - 1) / 2 + (b - a); }
-
 template <class T, int DH, int E>
 __global__ void __launch_bounds__(256, 2) mma_state_pullback_kernel(pullback_params P) {
   using namespace pullback_cfg;
   constexpr int kXS = E + 8, kYS = DH + 1, kBlocks = DH / 8;
-  constexpr float kSqrt2 = 1.4142135623730951f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* xs = reinterpret_cast<T*>(smem_raw);  // [kRows][kXS]
   T* ms = xs + kRows * kXS;                // [64][kXS]: the tile's state rows, hi
@@ -96,8 +92,7 @@ __global__ void __launch_bounds__(256, 2) mma_state_pullback_kernel(pullback_par
     rs[tid] = in && P.r ? P.r[(batch * P.t + i) * P.H + head] : 1.f;
     float w = 0.f;
     if (in) {
-      if (!P.keys) w = expf(P.g.cum(bh, P.t, i));
-      else w = P.g.Gc ? expf(P.g.chunk_total(bh, P.n, m) - P.g.cum(bh, P.t, i)) : 1.f;
+      w = P.keys ? P.g.to_chunk_end(bh, P.t, P.n, m, i) : expf(P.g.cum(bh, P.t, i));
     }
     rho[tid] = w;
   }
@@ -119,7 +114,7 @@ __global__ void __launch_bounds__(256, 2) mma_state_pullback_kernel(pullback_par
     for (int l = 0; l < kLoads; ++l) {
       const int vi = tid + l * kThreads, tr = vi / (E / 4), c4 = vi % (E / 4);
       const int a = A * 8 + tr / 8, b = B * 8 + tr % 8;
-      next[l] = a <= b ? *reinterpret_cast<const float4*>(Mbase + sympow2_index(DH, a, b) * P.M_sr + c4 * 4)
+      next[l] = a <= b ? *reinterpret_cast<const float4*>(Mbase + sympow2_row(DH, a, b) * P.M_sr + c4 * 4)
                        : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
@@ -135,7 +130,7 @@ __global__ void __launch_bounds__(256, 2) mma_state_pullback_kernel(pullback_par
     }
     if (tid < 64) {
       const int a = A * 8 + tid / 8, b = B * 8 + tid % 8;
-      zs[tid] = zbase && a <= b ? zbase[sympow2_index(DH, a, b)] : 0.f;
+      zs[tid] = zbase && a <= b ? zbase[sympow2_row(DH, a, b)] : 0.f;
     }
   };
 
@@ -175,8 +170,7 @@ __global__ void __launch_bounds__(256, 2) mma_state_pullback_kernel(pullback_par
         for (int i = 0; i < 4; ++i) {
           const int hf = i >> 1, j = i & 1, b = B * 8 + 2 * tq + j;
           if (A == B && a > b) continue;
-          const float coef = a == b ? 1.f : kSqrt2;
-          const float cu = coef * fmaf(al_row[hf], zs[k * 8 + 2 * tq + j], r_row[hf] * u[k][i]);
+          const float cu = sympow2_coef(a, b) * fmaf(al_row[hf], zs[k * 8 + 2 * tq + j], r_row[hf] * u[k][i]);
           part[k][hf] = fmaf(cu, yb[hf][j], part[k][hf]);
           ob[hf][j] = fmaf(cu, ys[row[hf] * kYS + a], ob[hf][j]);
         }
