@@ -263,8 +263,10 @@ std::vector<op_config> standard_cases() {
   }
   // The shapes of the tensor-core backward (p = 2, symmetric layout, d = e = 64, f16 and bf16):
   // chunked with states in and out (ungated; gated with resets and grouped heads), and the one-chunk
-  // form (f16, resets, grouped heads). Open: gated at t = 257, c = 64 without states, dlog_g reaches
-  // 4.2e-3 (mma) and 5.1e-3 (SIMT, f32 kernels) against the reference's 5e-3 (docs/performance.md).
+  // form (f16, resets, grouped heads). The gated chunked case fails on CUDA for some seeds (dq up to
+  // 1e-2, dlog_g up to 1.9e-2): the forward states the backward recomputes come from the b16
+  // tensor-core update_state, and the gradients' cancellation magnifies their rounding; with every
+  // step on the SIMT kernels it gives dlog_g 3e-6 (docs/performance.md). Open in issue 19.
   {
     op_config c = base(expanse::ops::power_attention_backward);
     c.d = 64; c.e = 64; c.p = 2; c.layout = kSympow; c.dtype = EXPANSE_BF16;
