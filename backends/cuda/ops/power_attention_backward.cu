@@ -1,7 +1,8 @@
 // power_attention_backward's list on the CUDA backend, and its tensor-core implementation "mma" (sm_80+;
 // p = 2 in the symmetric layout, d = e = 64, f16/bf16): the chunked form of docs/spec.md "Gradients",
 // composed like the forward. In order:
-//   1. the forward sweep (update_state, discumsum through the lists) -> S_m, z_m entering each chunk
+//   1. the forward sweep (update_state with its operands split into b16 hi + lo, as the state terms
+//      cancel; discumsum through the list) -> S_m, z_m entering each chunk
 //   2. normalized: chunk_attention (list) -> l, rowmax, the intra part of each query's denominator
 //   3. dnum_i = dout_i / den_i, dden_i, 1 / den_i per query (gpu/kernels/backward_simple.hpp)
 //   4. the intra-chunk pairs: f32 sums of dq, dk, dv and of A_ij M_ij by query and by key
@@ -27,6 +28,10 @@ namespace expanse_cuda {
 
 std::string mma_power_attention_backward_declines(const expanse_op& op, const device_props& props);
 void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc);
+// ops/update_state.cu: update_state with its operands split into b16 hi + lo, for the forward sweep.
+void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
+                               const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
+                               launch_context& lc);
 
 namespace {
 
@@ -102,7 +107,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
   float* boundary = take_boundary_sums(op, plan, lc.ws);
 
   // 1. The forward sweep.
-  const forward_sweep fw = recompute_forward_states(op, plan, shared, lc);
+  const forward_sweep fw = recompute_forward_states(op, plan, shared, lc, launch_split_update_state);
   backward_states st{};
   st.S = fw.S, st.z = fw.z;
 

@@ -96,9 +96,10 @@ std::string mma_update_state_declines(const expanse_problem& pb, const expanse_t
   return {};
 }
 
-void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
-                             const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
-                             launch_context& lc) {
+template <bool kSplit>
+static void launch_mma_update_state_form(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
+                                         const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
+                                         const expanse_tensor* z, launch_context& lc) {
   using namespace mma_update_state_cfg;
   const mma_update_state_params P = update_state_params(k, v, g, phi, pb, S, z, kRows);
   const int64_t ctas = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
@@ -106,9 +107,24 @@ void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, c
   with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
-    launch_with_smem(mma_update_state_kernel<T, DH, E>, ctas, kThreads, mma_update_state_smem<T, DH, E>(), lc.stream, P);
+    launch_with_smem(mma_update_state_kernel<T, DH, E, kSplit>, ctas, kThreads,
+                     mma_update_state_smem<T, DH, E, kSplit>(), lc.stream, P);
   });
-  check_launch("mma update_state");
+  check_launch(kSplit ? "mma update_state (split operands)" : "mma update_state");
+}
+
+void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
+                             const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
+                             launch_context& lc) {
+  launch_mma_update_state_form<false>(k, v, g, phi, pb, S, z, lc);
+}
+
+// The states to about 16 significant bits (operands split into b16 hi + lo): the forward sweep of the
+// tensor-core power_attention_backward. Takes what mma_update_state_declines accepts.
+void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
+                               const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
+                               launch_context& lc) {
+  launch_mma_update_state_form<true>(k, v, g, phi, pb, S, z, lc);
 }
 
 std::string wgmma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,

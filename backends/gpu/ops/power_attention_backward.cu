@@ -44,7 +44,7 @@ void take_cotangent_states(const expanse_op& op, const backward_plan& plan, work
 }
 
 forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,
-                                       launch_context& lc) {
+                                       launch_context& lc, update_state_launcher update) {
   enum step_slot { kUpdateState = 1, kDiscumsumS, kDiscumsumZ };
   static_assert(kDiscumsumZ == kForwardSweepSlots, "the slots the sweep takes");
   const expanse_problem& pb = *op.problem;
@@ -62,7 +62,8 @@ forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan
   launch_context steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &shared};
   expanse_update_state_args upd{a.k, a.v, a.log_g, &fw.S, fw.z.data ? &fw.z : nullptr, pb.p, pb.c, pb.layout};
   const expanse_problem upd_pb = step_problem(pb, pb.input_dtype, EXPANSE_F32);
-  lc.dispatch.run_step({EXPANSE_OP_UPDATE_STATE, &upd, &upd_pb, nullptr}, kUpdateState, steps);
+  if (!update) lc.dispatch.run_step({EXPANSE_OP_UPDATE_STATE, &upd, &upd_pb, nullptr}, kUpdateState, steps);
+  else if (!lc.ws.sizing()) update(*a.k, *a.v, shared.g, shared.phi, upd_pb, fw.S, fw.z.data ? &fw.z : nullptr, steps);
   expanse_tensor A{};
   if (shared.g.total) A = totals_view(shared.g, pb, dev);
   auto scan = [&](expanse_tensor& X, const expanse_tensor* initial, expanse_tensor& fin, int64_t rows, int slot) {

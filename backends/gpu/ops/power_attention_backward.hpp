@@ -24,14 +24,19 @@ backward_work take_backward_work(const expanse_problem& pb, bool with_rden, work
 void take_cotangent_states(const expanse_op& op, const backward_plan& plan, workspace& ws, backward_states& st);
 
 // The forward sweep: update_state then discumsum in place through the backend's lists, as the forward
-// runs them. S, z enter each chunk [b,n,h,D(,e)] (null data without forward states); S_final, z_final
-// where plan.final_term. Its steps take the memo slots 1..kForwardSweepSlots.
+// runs them, or update_state by `update` where given (a launcher whose states are more accurate than
+// the forward's: the state terms of the gradients cancel and magnify a b16 rounding of the states).
+// S, z enter each chunk [b,n,h,D(,e)] (null data without forward states); S_final, z_final where
+// plan.final_term. Its steps take the memo slots 1..kForwardSweepSlots.
 struct forward_sweep {
   expanse_tensor S, z, S_final, z_final;
 };
 constexpr int kForwardSweepSlots = 3;
+using update_state_launcher = void (*)(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
+                                       const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
+                                       const expanse_tensor* z, launch_context& lc);
 forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,
-                                       launch_context& lc);
+                                       launch_context& lc, update_state_launcher update = nullptr);
 
 // The gates' boundary terms [b,h,n] (reverse_scan_kernel), taken from the workspace where the call wants
 // dlog_g and has state cotangents; null otherwise.

@@ -106,16 +106,20 @@ __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.com
 template <int N>
 __device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// The two f32 values of a packed b16 pair.
+template <class T>
+__device__ __forceinline__ float2 unpack2_f32(uint32_t w) {
+  using P = typename mma_type<T>::pair;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat1622float2(reinterpret_cast<const P&>(w));
+  else return __half22float2(reinterpret_cast<const P&>(w));
+}
+
 // Splits two f32 values into packed b16 pairs hi + lo (hi rounded, lo the rounded remainder): the
 // pair sum keeps about 16 significant bits, where hi alone keeps 8 (bf16).
 template <class T>
 __device__ __forceinline__ void split2_f32(float x0, float x1, uint32_t& hi, uint32_t& lo) {
   hi = pack2_f32<T>(x0, x1);
-  using P = typename mma_type<T>::pair;
-  const float2 h = [&] {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat1622float2(reinterpret_cast<const P&>(hi));
-    else return __half22float2(reinterpret_cast<const P&>(hi));
-  }();
+  const float2 h = unpack2_f32<T>(hi);
   lo = pack2_f32<T>(x0 - h.x, x1 - h.y);
 }
 

@@ -7,6 +7,10 @@
 // the epilogue and the gate w_j is folded into the V tile, so the inner loop is loads, p-1 packed
 // multiplies and MMAs.
 //
+// kSplit (the backward's forward sweep, whose state terms cancel and magnify a b16 rounding of the
+// states): phi(k) is formed in f32 and both operands go as b16 pairs hi + lo, three MMAs (hi hi, hi lo,
+// lo hi) per product, so that the states keep about 16 significant bits instead of 8.
+//
 // CTA: 8 warps, 256 rows of phi (32 per warp: two m16 tiles) x all e columns, over one chunk of one
 // head. The K loop steps 32 tokens; the next tile is loaded into registers while the current one
 // is multiplied (double-buffered shared memory, one barrier per step).
@@ -69,13 +73,13 @@ __device__ __forceinline__ void store_state_row(const mma_update_state_params& P
 }
 
 // Shared memory bytes for d and E.
-template <class T, int DH, int E>
+template <class T, int DH, int E, bool kSplit = false>
 constexpr size_t mma_update_state_smem() {
   using namespace mma_update_state_cfg;
-  return 2 * (size_t(DH + 1) * kTokPad + size_t(kTok) * (E + 8)) * sizeof(T);
+  return 2 * (size_t(DH + 1) * kTokPad + size_t(kSplit ? 2 : 1) * kTok * (E + 8)) * sizeof(T);
 }
 
-template <class T, int DH, int E>
+template <class T, int DH, int E, bool kSplit = false>
 __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_state_params P) {
   using namespace mma_update_state_cfg;
   constexpr int kVS = E + 8;             // row stride of the V tile (e columns + the z tile)
@@ -85,11 +89,11 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
   // Two buffers each (addressed by arithmetic: an array of pointers indexed at run time would
   // live in local memory):
   //   keys [d+1][kTokPad], transposed; row d stays zero (the rows past D point there)
-  //   values [kTok][kVS], gated; column E = the gate (gives z), E+1..E+7 = 0
+  //   values [kTok][kVS], gated; column E = the gate (gives z), E+1..E+7 = 0 (kSplit: hi, then lo)
   T* const kT0 = reinterpret_cast<T*>(smem_raw);
   constexpr int kT_size = (d + 1) * kTokPad;
   T* const vs0 = kT0 + 2 * kT_size;
-  constexpr int vs_size = kTok * kVS;
+  constexpr int vs_part = kTok * kVS, vs_size = (kSplit ? 2 : 1) * vs_part;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   const cta_coords at = decode_cta(P.row_tiles, P.h, P.n);
@@ -172,18 +176,29 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
       if (vi < vvec) {
         const int s = vi / (E / 8), c8 = vi % (E / 8);
         const T* e = reinterpret_cast<const T*>(&vreg[i]);
-        uint4 out;
+        uint4 out, out_lo;
         T* o = reinterpret_cast<T*>(&out);
+        T* ol = reinterpret_cast<T*>(&out_lo);
         const float w = gate(s0 + s, gcreg[i]);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) o[j] = from_f32<T>(to_f32(e[j]) * w);
+        for (int j = 0; j < 8; ++j) {
+          const float x = to_f32(e[j]) * w;
+          o[j] = from_f32<T>(x);
+          if constexpr (kSplit) ol[j] = from_f32<T>(x - to_f32(o[j]));
+        }
         *reinterpret_cast<uint4*>(vb + s * kVS + c8 * 8) = out;
+        if constexpr (kSplit) *reinterpret_cast<uint4*>(vb + vs_part + s * kVS + c8 * 8) = out_lo;
       }
     }
     if (tid < kTok) {
-      uint4 zr = make_uint4(0, 0, 0, 0);
-      reinterpret_cast<T*>(&zr)[0] = from_f32<T>(gate(s0 + tid, zgc));
+      uint4 zr = make_uint4(0, 0, 0, 0), zl = make_uint4(0, 0, 0, 0);
+      const float x = gate(s0 + tid, zgc);
+      reinterpret_cast<T*>(&zr)[0] = from_f32<T>(x);
       *reinterpret_cast<uint4*>(vb + tid * kVS + E) = zr;
+      if constexpr (kSplit) {
+        reinterpret_cast<T*>(&zl)[0] = from_f32<T>(x - to_f32(reinterpret_cast<T*>(&zr)[0]));
+        *reinterpret_cast<uint4*>(vb + vs_part + tid * kVS + E) = zl;
+      }
     }
   };
 
@@ -208,17 +223,28 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
 #pragma unroll
     for (int ks = 0; ks < kTok / 16; ++ks) {
       // A fragments: phi of this lane's rows at tokens (2tq, 2tq+1) and (2tq+8, 2tq+9).
-      uint32_t a[2][4];
+      uint32_t a[2][4], a_lo[2][4];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int hf = q & 1, s = ks * 16 + 2 * tq + (q >> 1) * 8;
           uint32_t prod = *reinterpret_cast<const uint32_t*>(kb + koff[mt][hf][0] + s);
+          if constexpr (kSplit) {  // the product in f32, then hi + lo
+            float2 x = unpack2_f32<T>(prod);
 #pragma unroll
-          for (int k = 1; k < 4; ++k)
-            if (k < P.p) prod = mul2<T>(prod, *reinterpret_cast<const uint32_t*>(kb + koff[mt][hf][k] + s));
-          a[mt][q] = prod;
+            for (int k = 1; k < 4; ++k)
+              if (k < P.p) {
+                const float2 y = unpack2_f32<T>(*reinterpret_cast<const uint32_t*>(kb + koff[mt][hf][k] + s));
+                x.x *= y.x, x.y *= y.y;
+              }
+            split2_f32<T>(x.x, x.y, a[mt][q], a_lo[mt][q]);
+          } else {
+#pragma unroll
+            for (int k = 1; k < 4; ++k)
+              if (k < P.p) prod = mul2<T>(prod, *reinterpret_cast<const uint32_t*>(kb + koff[mt][hf][k] + s));
+            a[mt][q] = prod;
+          }
         }
       // B fragments two n-tiles at a time, straight into the MMAs.
       const int brow = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -231,12 +257,32 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
           mma_16816<T>(acc[mt][2 * np], a[mt], b);
           mma_16816<T>(acc[mt][2 * np + 1], a[mt], b + 2);
         }
+        if constexpr (kSplit) {
+          uint32_t bl[4];
+          ldmatrix_x4_trans(bl, vb + vs_part + brow * kVS + np * 16 + (lane >> 4) * 8);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_16816<T>(acc[mt][2 * np], a[mt], bl);
+            mma_16816<T>(acc[mt][2 * np + 1], a[mt], bl + 2);
+            mma_16816<T>(acc[mt][2 * np], a_lo[mt], b);
+            mma_16816<T>(acc[mt][2 * np + 1], a_lo[mt], b + 2);
+          }
+        }
       }
       if (want_z) {
         uint32_t b[2];
         ldmatrix_x2_trans(b, vb + brow * kVS + E);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) mma_16816<T>(acc[mt][kNT], a[mt], b);
+        if constexpr (kSplit) {
+          uint32_t bl[2];
+          ldmatrix_x2_trans(bl, vb + vs_part + brow * kVS + E);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_16816<T>(acc[mt][kNT], a[mt], bl);
+            mma_16816<T>(acc[mt][kNT], a_lo[mt], b);
+          }
+        }
       }
     }
     if (step + 1 < steps) store_step(buf ^ 1, (step + 1) * kTok);
