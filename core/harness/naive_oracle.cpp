@@ -383,21 +383,40 @@ struct problem {
           S = in.vec(Sname, (bi * h + hi) * D * e, D * e);
           if (cfg.normalize) z = in.vec(zname, (bi * h + hi) * D, D);
         }
+        const std::vector<real> S0 = S, S0z = z;
+        auto logg_at = [&](int64_t ti) { return gated ? real(in.at("log_g", (bi * T + ti) * h + hi)) : real(0); };
+        std::vector<std::vector<real>> ks, vs;  // the head's tokens so far
         for (int64_t ti = 0; ti < T; ++ti) {
-          const real g = std::exp(gated ? in.at("log_g", (bi * T + ti) * h + hi) : 0.0);
-          const std::vector<real> fk = phi_ext(in.vec("k", sk(bi, ti, hi), d), p, cfg.layout);
-          const std::vector<real> vj = in.vec("v", sv(bi, ti, hi), e);
+          const real g = std::exp(logg_at(ti));
+          ks.push_back(in.vec("k", sk(bi, ti, hi), d));
+          vs.push_back(in.vec("v", sv(bi, ti, hi), e));
+          const std::vector<real> fk = phi_ext(ks.back(), p, cfg.layout), &vj = vs.back();
           for (int64_t x = 0; x < D; ++x) {
             z[static_cast<size_t>(x)] = g * z[static_cast<size_t>(x)] + fk[static_cast<size_t>(x)];
             for (int64_t y = 0; y < e; ++y)
               S[static_cast<size_t>(x * e + y)] = g * S[static_cast<size_t>(x * e + y)] + fk[static_cast<size_t>(x)] * vj[static_cast<size_t>(y)];
           }
+          // o_t from the pairs (s q_t . k_j)^p, not as phi(q_t) . S_t: the same value, but that dot
+          // product is a sum of D terms of mixed sign whose cancellation loses digits where den is a
+          // few terms of nearly orthogonal q and k (the first tokens).
           for (int64_t qi = hi * r; qi < (hi + 1) * r; ++qi) {
-            const std::vector<real> fq = phi_ext(scaled(in.vec("q", sq(bi, ti, qi), d), scale), p, cfg.layout);
-            const real den = dot(fq, z);
+            const std::vector<real> qs = scaled(in.vec("q", sq(bi, ti, qi), d), scale);
+            real den = 0, log_w = 0;  // log_w: the sum of log_g over (j, ti]
             std::vector<real> num(static_cast<size_t>(e), 0.0);
-            for (int64_t x = 0; x < D; ++x)
-              for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += fq[static_cast<size_t>(x)] * S[static_cast<size_t>(x * e + y)];
+            for (int64_t j = ti; j >= 0; log_w += logg_at(j), --j) {
+              const real w = std::exp(log_w) * std::pow(dot(qs, ks[static_cast<size_t>(j)]), p);
+              den += w;
+              for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += w * vs[static_cast<size_t>(j)][static_cast<size_t>(y)];
+            }
+            if (has_init) {  // the state before token 0, decayed by log_g over [0, ti]
+              const std::vector<real> fq = phi_ext(qs, p, cfg.layout);
+              const real w = std::exp(log_w);
+              for (int64_t x = 0; x < D; ++x) {
+                if (cfg.normalize) den += w * fq[static_cast<size_t>(x)] * S0z[static_cast<size_t>(x)];
+                for (int64_t y = 0; y < e; ++y)
+                  num[static_cast<size_t>(y)] += w * fq[static_cast<size_t>(x)] * S0[static_cast<size_t>(x * e + y)];
+              }
+            }
             for (int64_t y = 0; y < e; ++y) {
               real v = num[static_cast<size_t>(y)];
               if (cfg.normalize) v = (den == 0.0) ? 0.0 : v / den;
