@@ -6,7 +6,8 @@ packages=(cmake ninja-build g++ ccache libtbb-dev libeigen3-dev doctest-dev pyth
           python3-dev python3-venv  # these two: the Python package (python_bindings/) builds against them
           libcli11-dev nlohmann-json3-dev  # the expanse command: options and help (CLI11), JSON output
           clang                     # libFuzzer and its sanitizer runtimes: the fuzz stage of scripts/test.sh
-          hipcc libamdhip64-dev)    # the HIP backend (built and its no-device path tested; no AMD GPU here)
+          hipcc libamdhip64-dev     # the HIP backend (built and its no-device path tested; no AMD GPU here)
+          libtrilinos-kokkos-dev)   # the Kokkos backend (Kokkos 3.4.1 with its Serial space)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

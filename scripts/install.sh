@@ -2,7 +2,8 @@
 # One command on a new machine: install the dependencies, build into ./build, and show power attention
 # running through the `expanse` command on one random problem: the values it computed, the reference
 # checked against the independent naive f64 implementation on a problem of exactly that shape, and
-# the time it takes; on the CUDA backend too when the machine has one.
+# the time it takes; on the CUDA backend too when the machine has one, and on the Kokkos backend when a
+# Kokkos is found (scripts/kokkos.sh).
 #
 # With nvcc and an NVIDIA GPU (one listed by `nvidia-smi -L`) the CUDA backend is built as well, for
 # EXPANSE_CUDA_ARCH (default 90a, Hopper); EXPANSE_NO_CUDA=1 leaves it out. Extra arguments go to
@@ -22,7 +23,8 @@ if [ -z "$cuda_skip" ]; then
   cuda_args=(-DEXPANSE_ENABLE_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${EXPANSE_CUDA_ARCH:-90a}")
   echo "building with the CUDA backend (sm_${EXPANSE_CUDA_ARCH:-90a}); this takes several minutes"
 fi
-scripts/build.sh "${cuda_args[@]}" "$@"
+source scripts/kokkos.sh  # the Kokkos backend too, wherever a Kokkos is found
+scripts/build.sh "${cuda_args[@]}" "${kokkos_args[@]}" "$@"
 exe=build/bin/expanse
 info=$($exe info)
 echo; echo "== expanse info"; echo "$info"
@@ -31,6 +33,10 @@ backends=(reference)
 if [ -z "$cuda_skip" ]; then
   if grep -q '^  cuda: available' <<<"$info"; then backends+=(cuda)
   else cuda_skip="the CUDA backend was built but is not available (see 'expanse info' above)"; fi
+fi
+if [ -z "$kokkos_skip" ]; then
+  if grep -q '^  kokkos: available' <<<"$info"; then backends+=(kokkos)
+  else kokkos_skip="the Kokkos backend was built but is not available (see 'expanse info' above)"; fi
 fi
 
 # The demo problem: one sequence of 512 tokens, 4 heads of dimension 32, p = 2, gated, f32, computed
@@ -74,10 +80,10 @@ echo "== expanse check power_attention ${shape[*]} --backend reference"
 echo "   a fresh random problem of exactly this shape, the reference against the independent token-by-token"
 echo "   naive f64 implementation (tolerance 1e-12):"
 $exe check power_attention "${shape[@]}" --backend reference
-if [[ " ${backends[*]} " == *" cuda "* ]]; then
-  echo; echo "== expanse check power_attention ${shape[*]} --backend cuda   (cuda against the reference)"
-  $exe check power_attention "${shape[@]}" --backend cuda
-fi
+for backend in "${backends[@]:1}"; do
+  echo; echo "== expanse check power_attention ${shape[*]} --backend $backend   ($backend against the reference)"
+  $exe check power_attention "${shape[@]}" --backend "$backend"
+done
 
 for backend in "${backends[@]}"; do
   echo; echo "== expanse bench power_attention on $backend, the demo problem (3 timed runs after 1 warm-up)"
@@ -90,5 +96,6 @@ print(f"{r['backend']} ({r['device']}): median {r['median_ms']:.3f} ms, min {r['
 PY
 done
 if [ -n "$cuda_skip" ]; then echo; echo "== cuda: skipped: $cuda_skip"; fi
+if [ -n "$kokkos_skip" ]; then echo; echo "== kokkos: skipped: $kokkos_skip"; fi
 
 echo; echo "built: build/lib/libexpanse.so, build/bin/expanse. Tests: scripts/test.sh"

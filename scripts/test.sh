@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, as CI does (.ci/run): installs missing dependencies, then five stages,
 # each in its own build folder and timed:
-#   release  build/: Release (with the CUDA plugin when nvcc is there, the HIP one when hipcc is), ctest
+#   release  build/: Release (with the CUDA plugin when nvcc is there, the HIP one when hipcc is, the
+#            Kokkos one when a Kokkos is found), ctest
 #   python   build-python/: the Python package through pip, then its pytest suite
-#   asan     build-asan/: AddressSanitizer + UndefinedBehaviorSanitizer (CUDA and Python off), ctest
+#   asan     build-asan/: AddressSanitizer + UndefinedBehaviorSanitizer (CUDA and Python off, Kokkos
+#            as in release), ctest
 #            (every test, the fuzz corpora replayed and the threads test included)
 #   fuzz     build-fuzz/: clang with libFuzzer (and ASan + UBSan): fuzz_abi and fuzz_npy, each for
 #            EXPANSE_FUZZ_SECONDS (60) from its corpus in tests/fuzz/corpus/
@@ -28,6 +30,10 @@ jobs=$(nproc)
 launcher=()
 command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 
+# The Kokkos backend wherever a Kokkos is found (scripts/kokkos.sh), in the release and sanitizer
+# stages.
+source scripts/kokkos.sh
+
 if want release; then
   begin release
   # With a CUDA compiler on the machine the CUDA backend is built too (one architecture, sm_90a by
@@ -43,6 +49,7 @@ if want release; then
   if [ -z "${EXPANSE_NO_HIP:-}" ] && command -v hipcc >/dev/null 2>&1; then
     cuda_args+=(-DEXPANSE_ENABLE_HIP=ON)
   fi
+  cuda_args+=("${kokkos_args[@]}")
   scripts/build.sh "${cuda_args[@]}" "$@"
   ctest --test-dir build --output-on-failure -j "$jobs"
   end release
@@ -78,7 +85,7 @@ export UBSAN_OPTIONS=print_stacktrace=1
 
 if want asan; then
   begin asan
-  cmake -S . -B build-asan "${san_args[@]}" -DEXPANSE_SANITIZE=address,undefined >/dev/null
+  cmake -S . -B build-asan "${san_args[@]}" "${kokkos_args[@]}" -DEXPANSE_SANITIZE=address,undefined >/dev/null
   cmake --build build-asan -j "$jobs"
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
   end asan

@@ -1,0 +1,187 @@
+// What every Kokkos kernel of expanse shares (KOKKOS_INLINE_FUNCTION: host and device): a tensor
+// read and written through its strides in any input dtype (f32, f16, bf16; the 16-bit codecs round
+// to nearest even), the rows of the phi table, and the gate sums of each chunk.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <cstring>
+
+#include "expanse/backend.h"
+
+namespace expanse_kokkos {
+
+// The math functions of the Kokkos version at hand (Kokkos 4 moved them out of Experimental).
+#if KOKKOS_VERSION >= 40000
+namespace math = Kokkos;
+#else
+namespace math = Kokkos::Experimental;
+#endif
+
+constexpr int kMaxDegree = 6;  // the largest p of the phi table's rows
+constexpr int kMaxDims = EXPANSE_MAX_DIMS;
+
+KOKKOS_INLINE_FUNCTION float bits_to_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+KOKKOS_INLINE_FUNCTION uint32_t f32_to_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+KOKKOS_INLINE_FUNCTION float bf16_to_f32(uint16_t h) { return bits_to_f32(uint32_t(h) << 16); }
+KOKKOS_INLINE_FUNCTION uint16_t f32_to_bf16(float f) {
+  const uint32_t u = f32_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);  // NaN stays NaN
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+KOKKOS_INLINE_FUNCTION float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24
+    const float v = float(mant) * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  if (exp == 31) return bits_to_f32(sign | 0x7f800000u | (mant << 13));  // inf, NaN
+  return bits_to_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+KOKKOS_INLINE_FUNCTION uint16_t f32_to_f16(float f) {
+  uint32_t x = f32_to_bits(f);
+  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) return uint16_t(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (x >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds past 65504: inf
+  uint32_t shift, mant;
+  if (x < 0x38800000u) {  // below 2^-14: a subnormal result, round(|f| * 2^24)
+    shift = 126u - (x >> 23);
+    if (shift > 24u) return sign;
+    mant = (x & 0x7fffffu) | 0x800000u;
+  } else {  // rebias the exponent (127 -> 15) and drop 13 bits
+    shift = 13u;
+    mant = x - 0x38000000u;
+  }
+  uint32_t r = mant >> shift;
+  const uint32_t rest = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rest > half || (rest == half && (r & 1u))) ++r;  // may carry into the exponent: still right
+  return uint16_t(sign | r);
+}
+
+// A tensor's data, dtype and strides (in elements), copied into kernels by value.
+struct tensor_ref {
+  void* data = nullptr;
+  int32_t dtype = EXPANSE_F32;
+  int32_t ndim = 0;
+  int64_t stride[kMaxDims] = {};
+
+  tensor_ref() = default;
+  explicit tensor_ref(const expanse_tensor* t) {
+    if (t == nullptr) return;
+    data = t->data;
+    dtype = t->dtype;
+    ndim = t->ndim;
+    for (int i = 0; i < kMaxDims; ++i) stride[i] = i < t->ndim ? t->strides[i] : 0;
+  }
+  KOKKOS_INLINE_FUNCTION bool present() const { return data != nullptr; }
+  KOKKOS_INLINE_FUNCTION float get(int64_t off) const {
+    switch (dtype) {
+      case EXPANSE_F16: return f16_to_f32(static_cast<const uint16_t*>(data)[off]);
+      case EXPANSE_BF16: return bf16_to_f32(static_cast<const uint16_t*>(data)[off]);
+      default: return static_cast<const float*>(data)[off];
+    }
+  }
+  KOKKOS_INLINE_FUNCTION void set(int64_t off, float v) const {
+    switch (dtype) {
+      case EXPANSE_F16: static_cast<uint16_t*>(data)[off] = f32_to_f16(v); break;
+      case EXPANSE_BF16: static_cast<uint16_t*>(data)[off] = f32_to_bf16(v); break;
+      default: static_cast<float*>(data)[off] = v;
+    }
+  }
+  // Offsets of rank-3, -4 and -5 indices.
+  KOKKOS_INLINE_FUNCTION int64_t at(int64_t i0, int64_t i1, int64_t i2) const {
+    return i0 * stride[0] + i1 * stride[1] + i2 * stride[2];
+  }
+  KOKKOS_INLINE_FUNCTION int64_t at(int64_t i0, int64_t i1, int64_t i2, int64_t i3) const {
+    return at(i0, i1, i2) + i3 * stride[3];
+  }
+  KOKKOS_INLINE_FUNCTION int64_t at(int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) const {
+    return at(i0, i1, i2, i3) + i4 * stride[4];
+  }
+};
+
+// One entry of phi: coef * x[idx[0]] * ... * x[idx[p-1]] (docs/spec.md, every layout).
+struct phi_row {
+  int32_t idx[kMaxDegree];
+  float coef;
+};
+KOKKOS_INLINE_FUNCTION float phi_value(const phi_row& row, int p, const float* x) {
+  float v = row.coef;
+  for (int k = 0; k < p; ++k) v *= x[row.idx[k]];
+  return v;
+}
+
+// The gates of each chunk, per [b,h] row of tokens (made once per call, ops/common.cpp). The decays
+// are evaluated as docs/spec.md asks, never as -inf - (-inf): within a chunk, `since` is the sum of
+// log_g from the chunk's start, restarted at each reset (0 at the reset token), and `reset` the
+// chunk-local index of the last reset at or before the token (-1: none). Absent gates: empty.
+struct gate_sums {
+  const float* since = nullptr;  // [b,h,t]
+  const int32_t* reset = nullptr;
+  int64_t t = 0, c = 1;
+
+  KOKKOS_INLINE_FUNCTION bool present() const { return since != nullptr; }
+  // The first key of token i's chunk that reaches i (chunk-local index).
+  KOKKOS_INLINE_FUNCTION int64_t first_key(int64_t bh, int64_t i) const {
+    const int32_t r = present() ? reset[bh * t + i] : -1;
+    return r < 0 ? 0 : r;
+  }
+  // log of the decay from key j to token i of the same chunk (j >= first_key(i)).
+  KOKKOS_INLINE_FUNCTION float log_decay(int64_t bh, int64_t j, int64_t i) const {
+    return present() ? since[bh * t + i] - since[bh * t + j] : 0.f;
+  }
+  // log of the decay from the state entering i's chunk to token i: Gc_i, -inf after a reset.
+  KOKKOS_INLINE_FUNCTION float log_from_chunk_start(int64_t bh, int64_t i) const {
+    if (!present()) return 0.f;
+    return reset[bh * t + i] >= 0 ? -INFINITY : since[bh * t + i];
+  }
+};
+
+// acc [rows][cols] += a [rows][inner] (row stride lda) times b [inner][cols] (row stride cols): a tile
+// product in scratch, its entries shared among the team's threads.
+template <class Member>
+KOKKOS_INLINE_FUNCTION void team_add_product(const Member& team, float* acc, const float* a, int64_t lda, const float* b,
+                                             int64_t rows, int64_t inner, int64_t cols) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * cols), [&](int64_t i) {
+    const int64_t row = i / cols, col = i % cols;
+    float sum = 0.f;
+    for (int64_t k = 0; k < inner; ++k) sum += a[row * lda + k] * b[k * cols + col];
+    acc[i] += sum;
+  });
+}
+
+// The queries of one team of the query kernels (query_state, chunk_attention): the league rank runs
+// over (batch, query head, chunk, block of `per_team` queries), fastest last.
+struct query_block {
+  int64_t batch, qh, kv, bh, m, first, len, i0, count;  // first, len: the chunk; i0, count: the block in it
+  KOKKOS_INLINE_FUNCTION query_block(int64_t rank, int64_t per_team, const expanse_problem& pb) {
+    const int64_t blocks = (pb.c + per_team - 1) / per_team;
+    const int64_t blk = rank % blocks;
+    rank /= blocks;
+    m = rank % pb.n;
+    rank /= pb.n;
+    qh = rank % pb.hq;
+    batch = rank / pb.hq;
+    kv = qh / (pb.hq / pb.h);
+    bh = batch * pb.h + kv;
+    first = m * pb.c;
+    len = first + pb.c < pb.t ? pb.c : pb.t - first;
+    i0 = blk * per_team;
+    count = i0 >= len ? 0 : i0 + per_team < len ? per_team : len - i0;
+  }
+  static int64_t teams(int64_t per_team, const expanse_problem& pb) {
+    return pb.b * pb.hq * pb.n * ((pb.c + per_team - 1) / per_team);
+  }
+};
+
+}  // namespace expanse_kokkos

@@ -1,0 +1,57 @@
+// discumsum (docs/spec.md, chunked algorithm 2): Y_0 = Y_init (0 when absent), Y_{m+1} = exp(A_m) Y_m
+// + X_m, one thread per (batch, head, element) walking the chunks in order. A_m = -inf (a reset in
+// chunk m) makes exp(A_m) exactly 0: Y_{m+1} is X_m alone.
+#pragma once
+
+#include "kokkos/kernels/common.hpp"
+
+namespace expanse_kokkos {
+
+// A state tensor [b, n, h, ...] (or [b, h, ...] with chunk_axis false) with its trailing dims.
+struct state_ref {
+  tensor_ref t;
+  int64_t shape[kMaxDims] = {};
+  bool chunk_axis = true;
+  // The offset of element `elem` (row-major over the trailing dims) of (batch, chunk, head).
+  KOKKOS_INLINE_FUNCTION int64_t offset(int64_t batch, int64_t chunk, int64_t head, int64_t elem) const {
+    const int lead = chunk_axis ? 3 : 2;
+    int64_t off = batch * t.stride[0] + (chunk_axis ? chunk * t.stride[1] + head * t.stride[2] : head * t.stride[1]);
+    for (int dim = t.ndim - 1; dim >= lead; --dim) {
+      off += (elem % shape[dim]) * t.stride[dim];
+      elem /= shape[dim];
+    }
+    return off;
+  }
+};
+
+inline state_ref state_of(const expanse_tensor* x, bool chunk_axis) {
+  state_ref s;
+  s.t = tensor_ref(x);
+  s.chunk_axis = chunk_axis;
+  if (x != nullptr)
+    for (int i = 0; i < x->ndim; ++i) s.shape[i] = x->shape[i];
+  return s;
+}
+
+// The scan of n chunks of X: the state entering chunk m goes to `entering` at chunk m (m < n; it may
+// be X itself: each X_m is read before its slot is written), Y_n to `final_state` (when present;
+// with `final_in_entering`, to `entering` at chunk n, the public operation's form). A [b,n,h] log
+// decays (absent: 0), init [b,h,...] (absent: 0).
+template <class Space>
+void launch_discumsum(const Space& space, state_ref X, tensor_ref A, state_ref init, state_ref entering,
+                      state_ref final_state, int64_t b, int64_t n, int64_t h, int64_t elems) {
+  Kokkos::parallel_for(
+      "expanse::discumsum", Kokkos::RangePolicy<Space>(space, 0, b * h * elems), KOKKOS_LAMBDA(const int64_t i) {
+        const int64_t elem = i % elems, head = (i / elems) % h, batch = i / (elems * h);
+        float carry = init.t.present() ? init.t.get(init.offset(batch, 0, head, elem)) : 0.f;
+        for (int64_t m = 0; m < n; ++m) {
+          const float x = X.t.get(X.offset(batch, m, head, elem));
+          entering.t.set(entering.offset(batch, m, head, elem), carry);
+          const float decay = A.present() ? math::exp(A.get(A.at(batch, m, head))) : 1.f;
+          carry = decay * carry + x;
+        }
+        if (final_state.t.present()) final_state.t.set(final_state.offset(batch, n, head, elem), carry);
+      });
+}
+
+}  // namespace expanse_kokkos
