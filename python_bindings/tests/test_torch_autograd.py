@@ -12,6 +12,7 @@ import expanse
 
 torch = pytest.importorskip("torch", reason="skipped: PyTorch is not installed")
 import expanse.torch  # noqa: E402  (needs torch)
+import plain_torch  # noqa: E402
 
 
 def _inputs(gen, b=1, t=13, hq=4, h=2, d=4, e=3, dtype=torch.float64):
@@ -137,37 +138,6 @@ def test_core_operations_compose_to_power_attention():
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
-def _torch_power_attention(q, k, v, log_g=None, *, p=2, normalize=True, **unused):
-    """docs/spec.md's power attention in plain PyTorch (the quadratic form, in f32, or f64 for f64 inputs):
-    the layer's oracle."""
-    b, t, hq, d = q.shape
-    group = hq // k.shape[2]
-    f = torch.float64 if q.dtype == torch.float64 else torch.float32
-    qf, kf, vf = q.to(f) * d ** -0.5, k.to(f).repeat_interleave(group, 2), v.to(f).repeat_interleave(group, 2)
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    a = torch.einsum("bihd,bjhd->bhij", qf, kf) ** p
-    if log_g is not None:
-        G = log_g.to(f).cumsum(1).repeat_interleave(group, 2).transpose(1, 2)  # [b, hq, t]
-        a = a * torch.exp((G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")))
-    a = a.masked_fill(~causal, 0)
-    o = torch.einsum("bhij,bjhe->bihe", a, vf)
-    if normalize:
-        o = o / a.sum(-1).transpose(1, 2)[..., None]
-    return o.to(q.dtype)
-
-
-def _train(layer, x, steps):
-    opt = torch.optim.Adam(layer.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = (layer(x) - x.roll(1, dims=1)).square().mean()  # predict the previous token
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_layer_trains_like_plain_pytorch(monkeypatch, dtype):
     """expanse.torch.PowerAttention (chunked, grouped heads, gated) and the same layer with the attention
@@ -179,9 +149,9 @@ def test_layer_trains_like_plain_pytorch(monkeypatch, dtype):
     layer = expanse.torch.PowerAttention(32, n_heads=4, n_kv_heads=2, head_dim=8, chunk_size=16, dtype=dtype)
     plain = copy.deepcopy(layer)
     x = torch.randn(2, 40, 32, dtype=dtype)
-    ours = _train(layer, x, 200)
+    ours = plain_torch.train(layer, x, 200)
     with monkeypatch.context() as m:
-        m.setattr(expanse.torch._ops, "power_attention", _torch_power_attention)
-        theirs = _train(plain, x, 200)
+        m.setattr(expanse.torch._ops, "power_attention", plain_torch.power_attention)
+        theirs = plain_torch.train(plain, x, 200)
     assert ours[-1] < 0.2 * ours[0]
     np.testing.assert_allclose(ours, theirs, rtol=1e-5 if dtype == torch.float64 else 5e-2)
