@@ -1,5 +1,4 @@
-// The Kokkos backend's lists: one implementation per forward operation for now. The backward
-// operations have none yet ("no implementation of this operation").
+// The Kokkos backend's lists: one implementation per operation (ops/implementations.hpp).
 #include "kokkos/lists.hpp"
 
 #include "kokkos/ops/implementations.hpp"
@@ -26,6 +25,13 @@ const registered_list kQueryState(kokkos_lists(), EXPANSE_OP_QUERY_STATE, {query
 const registered_list kChunkAttention(kokkos_lists(), EXPANSE_OP_CHUNK_ATTENTION, {chunk_attention_teams});
 const registered_list kPowerAttention(kokkos_lists(), EXPANSE_OP_POWER_ATTENTION, {power_attention_chunked});
 const registered_list kPowerAttentionStep(kokkos_lists(), EXPANSE_OP_POWER_ATTENTION_STEP, {power_attention_step_teams});
+const registered_list kPowerAttentionBackward(kokkos_lists(), EXPANSE_OP_POWER_ATTENTION_BACKWARD,
+                                              {power_attention_backward_chunked});
+const registered_list kUpdateStateBackward(kokkos_lists(), EXPANSE_OP_UPDATE_STATE_BACKWARD, {update_state_backward_teams});
+const registered_list kDiscumsumBackward(kokkos_lists(), EXPANSE_OP_DISCUMSUM_BACKWARD, {discumsum_backward_scan});
+const registered_list kQueryStateBackward(kokkos_lists(), EXPANSE_OP_QUERY_STATE_BACKWARD, {query_state_backward_teams});
+const registered_list kChunkAttentionBackward(kokkos_lists(), EXPANSE_OP_CHUNK_ATTENTION_BACKWARD,
+                                              {chunk_attention_backward_teams});
 
 }  // namespace
 }  // namespace expanse_kokkos

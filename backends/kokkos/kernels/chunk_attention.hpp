@@ -32,9 +32,7 @@ void launch_chunk_attention(const Space& space, tensor_ref q, tensor_ref k, tens
         float* ls = mx + kTokens;       // [kTokens]
         float* ks = ls + kTokens;       // [kKeys][d]
         float* vs = ks + kKeys * d;     // [kKeys][e]
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * d), [&](int64_t i) {
-          qs[i] = float(pb.scale) * q.get(q.at(batch, first + i0 + i / d, qh, i % d));
-        });
+        team_load_rows(team, qs, q, batch, first + i0, qh, tq, d, float(pb.scale));
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * e), [&](int64_t i) { ys[i] = 0.f; });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t i) {
           mx[i] = -INFINITY;
@@ -44,12 +42,8 @@ void launch_chunk_attention(const Space& space, tensor_ref q, tensor_ref k, tens
         for (int64_t j0 = g.first_key(bh, first + i0); j0 < i0 + tq; j0 += kKeys) {
           const int64_t tk = j0 + kKeys < i0 + tq ? kKeys : i0 + tq - j0;
           team.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * d), [&](int64_t i) {
-            ks[i] = k.get(k.at(batch, first + j0 + i / d, kv, i % d));
-          });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * e), [&](int64_t i) {
-            vs[i] = v.get(v.at(batch, first + j0 + i / e, kv, i % e));
-          });
+          team_load_rows(team, ks, k, batch, first + j0, kv, tk, d);
+          team_load_rows(team, vs, v, batch, first + j0, kv, tk, e);
           team.team_barrier();
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
             const int64_t i = i0 + row, lo = g.first_key(bh, first + i);

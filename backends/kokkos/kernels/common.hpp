@@ -121,6 +121,17 @@ KOKKOS_INLINE_FUNCTION float phi_value(const phi_row& row, int p, const float* x
   return v;
 }
 
+// grad += w J_phi(x)^T e_row: the gradient of w phi_row(x) with respect to x (phi_row a product of p
+// entries of x).
+KOKKOS_INLINE_FUNCTION void add_phi_pullback(const phi_row& row, int p, const float* x, float w, float* grad) {
+  for (int k = 0; k < p; ++k) {
+    float partial = w * row.coef;
+    for (int other = 0; other < p; ++other)
+      if (other != k) partial *= x[row.idx[other]];
+    grad[row.idx[k]] += partial;
+  }
+}
+
 // The gates of each chunk, per [b,h] row of tokens (made once per call, ops/common.cpp). The decays
 // are evaluated as docs/spec.md asks, never as -inf - (-inf): within a chunk, `since` is the sum of
 // log_g from the chunk's start, restarted at each reset (0 at the reset token), and `reset` the
@@ -160,6 +171,22 @@ KOKKOS_INLINE_FUNCTION void team_add_product(const Member& team, float* acc, con
   });
 }
 
+// Stages rows tok0 .. tok0 + count - 1 of one head of a token tensor [b,t,heads,width] into scratch
+// [count][width], times `scale`.
+template <class Member>
+KOKKOS_INLINE_FUNCTION void team_load_rows(const Member& team, float* dst, const tensor_ref& x, int64_t batch,
+                                           int64_t tok0, int64_t head, int64_t count, int64_t width, float scale = 1.f) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count * width), [&](int64_t i) {
+    dst[i] = scale * x.get(x.at(batch, tok0 + i / width, head, i % width));
+  });
+}
+
+// dst[0 .. count) = 0, shared among the team's threads.
+template <class Member>
+KOKKOS_INLINE_FUNCTION void team_zero(const Member& team, float* dst, int64_t count) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int64_t i) { dst[i] = 0.f; });
+}
+
 // The queries of one team of the query kernels (query_state, chunk_attention): the league rank runs
 // over (batch, query head, chunk, block of `per_team` queries), fastest last.
 struct query_block {
@@ -181,6 +208,29 @@ struct query_block {
   }
   static int64_t teams(int64_t per_team, const expanse_problem& pb) {
     return pb.b * pb.hq * pb.n * ((pb.c + per_team - 1) / per_team);
+  }
+};
+
+// The keys of one team of the key kernels (the backward's): the league rank runs over (batch, kv
+// head, chunk, block of `per_team` keys), fastest last.
+struct key_block {
+  int64_t batch, kv, bh, m, first, len, j0, count;  // first, len: the chunk; j0, count: the block in it
+  KOKKOS_INLINE_FUNCTION key_block(int64_t rank, int64_t per_team, const expanse_problem& pb) {
+    const int64_t blocks = (pb.c + per_team - 1) / per_team;
+    const int64_t blk = rank % blocks;
+    rank /= blocks;
+    m = rank % pb.n;
+    rank /= pb.n;
+    kv = rank % pb.h;
+    batch = rank / pb.h;
+    bh = batch * pb.h + kv;
+    first = m * pb.c;
+    len = first + pb.c < pb.t ? pb.c : pb.t - first;
+    j0 = blk * per_team;
+    count = j0 >= len ? 0 : j0 + per_team < len ? per_team : len - j0;
+  }
+  static int64_t teams(int64_t per_team, const expanse_problem& pb) {
+    return pb.b * pb.h * pb.n * ((pb.c + per_team - 1) / per_team);
   }
 };
 

@@ -34,17 +34,20 @@ inline state_ref state_of(const expanse_tensor* x, bool chunk_axis) {
 }
 
 // The scan of n chunks of X: the state entering chunk m goes to `entering` at chunk m (m < n; it may
-// be X itself: each X_m is read before its slot is written), Y_n to `final_state` (when present;
-// with `final_in_entering`, to `entering` at chunk n, the public operation's form). A [b,n,h] log
-// decays (absent: 0), init [b,h,...] (absent: 0).
+// be X itself: each X_m is read before its slot is written), Y_n to `final_state` at chunk n (when
+// present: the public operation's Y itself, or a [b,h,...] state without a chunk axis). A [b,n,h]
+// log decays (absent: 0), init [b,h,...] (absent: 0). With `reverse`, the chunks are taken from the
+// last to the first (the cotangents of the states: `entering` then gets the carry before chunk m,
+// i.e. the cotangent of the state leaving chunk m, and `final_state` that of the state entering 0).
 template <class Space>
 void launch_discumsum(const Space& space, state_ref X, tensor_ref A, state_ref init, state_ref entering,
-                      state_ref final_state, int64_t b, int64_t n, int64_t h, int64_t elems) {
+                      state_ref final_state, int64_t b, int64_t n, int64_t h, int64_t elems, bool reverse = false) {
   Kokkos::parallel_for(
       "expanse::discumsum", Kokkos::RangePolicy<Space>(space, 0, b * h * elems), KOKKOS_LAMBDA(const int64_t i) {
         const int64_t elem = i % elems, head = (i / elems) % h, batch = i / (elems * h);
         float carry = init.t.present() ? init.t.get(init.offset(batch, 0, head, elem)) : 0.f;
-        for (int64_t m = 0; m < n; ++m) {
+        for (int64_t step = 0; step < n; ++step) {
+          const int64_t m = reverse ? n - 1 - step : step;
           const float x = X.t.get(X.offset(batch, m, head, elem));
           entering.t.set(entering.offset(batch, m, head, elem), carry);
           const float decay = A.present() ? math::exp(A.get(A.at(batch, m, head))) : 1.f;

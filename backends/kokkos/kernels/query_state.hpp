@@ -54,9 +54,7 @@ void launch_query_state(const Space& space, tensor_ref q, tensor_ref S, tensor_r
         float* acc = qs + kTokens * d;     // [kTokens][E1]: numerator, then denominator
         float* st = acc + kTokens * E1;    // [kRows][E1]: state rows, then z
         float* ph = st + kRows * E1;       // [kTokens][kRows]
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * d), [&](int64_t i) {
-          qs[i] = float(pb.scale) * q.get(q.at(batch, first + i0 + i / d, qh, i % d));
-        });
+        team_load_rows(team, qs, q, batch, first + i0, qh, tq, d, float(pb.scale));
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, int64_t(kTokens) * E1), [&](int64_t i) { acc[i] = 0.f; });
         for (int64_t r0 = 0; has_state && r0 < pb.D; r0 += kRows) {
           const int64_t rows = r0 + kRows < pb.D ? kRows : pb.D - r0;

@@ -100,6 +100,21 @@ tensor_ref f32_buffer(float* data, std::initializer_list<int64_t> shape) {
   return t;
 }
 
+token_buffer take_tokens(launch_context& lc, int64_t b, int64_t t, int64_t heads, int64_t width, bool wanted) {
+  token_buffer buf;
+  if (!wanted) return buf;
+  buf.data = lc.ws.take<float>(size_t(b * t * heads * width));
+  buf.t = t;
+  buf.heads = heads;
+  buf.width = width;
+  return buf;
+}
+
+tensor_ref tensor_of(const token_buffer& buf, int64_t b) {
+  if (!buf.present()) return {};
+  return buf.width == 1 ? f32_buffer(buf.data, {b, buf.t, buf.heads}) : f32_buffer(buf.data, {b, buf.t, buf.heads, buf.width});
+}
+
 gate_sums make_gate_sums(const expanse_tensor* log_g, const expanse_problem& pb, int64_t c, const expanse_op& op,
                          launch_context& lc) {
   gate_sums g;

@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "kokkos/kernels/backward_common.hpp"
 #include "kokkos/kernels/common.hpp"
 #include "kokkos/spaces.hpp"
 #include "sdk/dispatcher.hpp"
@@ -31,6 +32,11 @@ gate_sums make_gate_sums(const expanse_tensor* log_g, const expanse_problem& pb,
 
 // A contiguous f32 tensor over workspace memory.
 tensor_ref f32_buffer(float* data, std::initializer_list<int64_t> shape);
+
+// A [b,t,heads,width] f32 buffer taken from the workspace (absent when `wanted` is false).
+token_buffer take_tokens(launch_context& lc, int64_t b, int64_t t, int64_t heads, int64_t width, bool wanted = true);
+// The same buffer as a tensor ([b,t,heads,width], or [b,t,heads] for width 1).
+tensor_ref tensor_of(const token_buffer& buf, int64_t b);
 
 // Calls f(space) with the instance of the operation's execution space on the caller's stream.
 template <class F>

@@ -21,6 +21,12 @@ EXPANSE_KOKKOS_IMPLEMENTATION(chunk_attention_teams, "teams")
 // The chunked algorithm composed of the kernels above (the quadratic form is one chunk).
 EXPANSE_KOKKOS_IMPLEMENTATION(power_attention_chunked, "chunked")
 EXPANSE_KOKKOS_IMPLEMENTATION(power_attention_step_teams, "teams")
+// The gradients (docs/spec.md "Gradients"), power_attention_backward in the chunked form.
+EXPANSE_KOKKOS_IMPLEMENTATION(power_attention_backward_chunked, "chunked")
+EXPANSE_KOKKOS_IMPLEMENTATION(update_state_backward_teams, "teams")
+EXPANSE_KOKKOS_IMPLEMENTATION(discumsum_backward_scan, "scan")
+EXPANSE_KOKKOS_IMPLEMENTATION(query_state_backward_teams, "teams")
+EXPANSE_KOKKOS_IMPLEMENTATION(chunk_attention_backward_teams, "teams")
 
 #undef EXPANSE_KOKKOS_IMPLEMENTATION
 

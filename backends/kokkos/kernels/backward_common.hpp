@@ -1,0 +1,86 @@
+// What the Kokkos backward kernels share: f32 token buffers in the workspace (the gradients are summed
+// there, then stored in their tensors' dtypes), and the cotangents of the queries' numerators and
+// denominators.
+#pragma once
+
+#include "kokkos/kernels/common.hpp"
+
+namespace expanse_kokkos {
+
+// A contiguous f32 [b,t,heads,width] buffer (width 1: [b,t,heads]); null: absent.
+struct token_buffer {
+  float* data = nullptr;
+  int64_t t = 0, heads = 0, width = 1;
+  KOKKOS_INLINE_FUNCTION bool present() const { return data != nullptr; }
+  KOKKOS_INLINE_FUNCTION float* row(int64_t batch, int64_t tok, int64_t head) const {
+    return data + ((batch * t + tok) * heads + head) * width;
+  }
+};
+
+// The cotangents of query i's numerator and denominator: dnum_i [e] and dden_i (absent: 0).
+struct query_cotangents {
+  token_buffer dnum, dden;
+};
+
+// Stages the cotangents of queries tok0 .. tok0 + count - 1 of one head: dn [count][e], dd [count].
+template <class Member>
+KOKKOS_INLINE_FUNCTION void team_load_cotangents(const Member& team, float* dn, float* dd, const query_cotangents& cot,
+                                                 int64_t batch, int64_t tok0, int64_t head, int64_t count) {
+  const int64_t e = cot.dnum.width;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count * e), [&](int64_t i) {
+    dn[i] = cot.dnum.row(batch, tok0 + i / e, head)[i % e];
+  });
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int64_t row) {
+    dd[row] = cot.dden.present() ? *cot.dden.row(batch, tok0 + row, head) : 0.f;
+  });
+}
+
+template <class Space>
+void launch_fill_zero(const Space& space, token_buffer buf, int64_t b) {
+  float* data = buf.data;
+  Kokkos::parallel_for("expanse::fill_zero", Kokkos::RangePolicy<Space>(space, 0, b * buf.t * buf.heads * buf.width),
+                       KOKKOS_LAMBDA(int64_t i) { data[i] = 0.f; });
+}
+
+// The cotangents of the intra-chunk terms (y, l) and those of the true numerators and denominators
+// (dnum, dden) differ by exp(rowmax): dnum_i = exp(-rowmax_i) dy_i, dden_i = exp(-rowmax_i) dl_i
+// (to_intra false: chunk_attention_backward's inputs), dy_i = exp(rowmax_i) dnum_i and likewise dl
+// (to_intra true: query_state_backward's outputs). Absent tensors are skipped.
+template <class Space>
+void launch_rowmax_scaling(const Space& space, tensor_ref rowmax, tensor_ref dy, tensor_ref dl, query_cotangents cot,
+                           bool to_intra, int64_t b) {
+  const int64_t t = cot.dnum.t, hq = cot.dnum.heads, e = cot.dnum.width;
+  Kokkos::parallel_for(
+      "expanse::rowmax_scaling", Kokkos::RangePolicy<Space>(space, 0, b * t * hq), KOKKOS_LAMBDA(int64_t i) {
+        const int64_t head = i % hq, tok = (i / hq) % t, batch = i / (hq * t);
+        const float rm = rowmax.get(rowmax.at(batch, tok, head)), f = math::exp(to_intra ? rm : -rm);
+        float* dn = cot.dnum.row(batch, tok, head);
+        for (int64_t col = 0; col < e; ++col) {
+          const int64_t off = dy.at(batch, tok, head, col);
+          if (to_intra) {
+            if (dy.present()) dy.set(off, f * dn[col]);
+          } else {
+            dn[col] = f * dy.get(off);
+          }
+        }
+        if (!cot.dden.present() || !dl.present()) return;
+        float* dd = cot.dden.row(batch, tok, head);
+        if (to_intra) dl.set(dl.at(batch, tok, head), f * *dd);
+        else *dd = f * dl.get(dl.at(batch, tok, head));
+      });
+}
+
+// dst [b,t,heads,width] (or [b,t,heads] for width 1, in its dtype) = src.
+template <class Space>
+void launch_store_tokens(const Space& space, token_buffer src, tensor_ref dst, int64_t b) {
+  const int64_t t = src.t, heads = src.heads, width = src.width;
+  Kokkos::parallel_for(
+      "expanse::store_tokens", Kokkos::RangePolicy<Space>(space, 0, b * t * heads * width), KOKKOS_LAMBDA(int64_t i) {
+        const int64_t col = i % width, head = (i / width) % heads, tok = (i / (width * heads)) % t,
+                      batch = i / (width * heads * t);
+        const int64_t off = width == 1 && dst.ndim == 3 ? dst.at(batch, tok, head) : dst.at(batch, tok, head, col);
+        dst.set(off, src.data[i]);
+      });
+}
+
+}  // namespace expanse_kokkos

@@ -1,0 +1,95 @@
+// The key side of the state terms (update_state_backward, and power_attention_backward with the
+// cotangent of the state leaving each chunk): for key j of chunk m, w_j = exp(A_m - Gc_j) and
+//   dPhi_j = w_j (dS_m v_j + dz_m),  dk_j += J_phi(k_j)^T dPhi_j,  dv_j += w_j dS_m^T phi(k_j),
+//   c_j = phi(k_j) . dPhi_j     (the key's term of the gates' gradient)
+// A team per (batch, chunk, kv head, kTokens keys) takes dS_m in tiles of kRows rows: it forms the
+// tile of dPhi (kTokens x kRows) and phi, pulls dPhi back, and adds phi's product with the rows to dv.
+#pragma once
+
+#include "kokkos/kernels/backward_common.hpp"
+
+namespace expanse_kokkos {
+
+struct key_gradient_outputs {
+  token_buffer dk, dv;  // [b,t,h,d], [b,t,h,e]: added to
+  token_buffer c;       // [b,t,h]: written
+};
+
+template <class Space>
+void launch_key_gradients(const Space& space, tensor_ref k, tensor_ref v, gate_sums g, const phi_row* table,
+                          expanse_problem pb, tensor_ref dS, tensor_ref dz, key_gradient_outputs out) {
+  using policy = Kokkos::TeamPolicy<Space>;
+  using member = typename policy::member_type;
+  constexpr int kRows = 32, kTokens = 32;
+  const int64_t d = pb.d, e = pb.e, E1 = e + 1;
+  // ks, dks [kTokens][d]; vv, dvs [kTokens][E1]; st [kRows][E1]; ph, dphi [kTokens][kRows]; w, c [kTokens].
+  const size_t bytes = sizeof(float) * size_t(2 * kTokens * d + 2 * kTokens * E1 + kRows * E1 + 2 * kTokens * kRows + 2 * kTokens);
+  policy teams(space, key_block::teams(kTokens, pb), Kokkos::AUTO);
+  teams.set_scratch_size(0, Kokkos::PerTeam(bytes));
+  Kokkos::parallel_for(
+      "expanse::key_gradients", teams, KOKKOS_LAMBDA(const member& team) {
+        const key_block kb(team.league_rank(), kTokens, pb);
+        if (kb.count == 0) return;
+        const int64_t batch = kb.batch, kv = kb.kv, bh = kb.bh, m = kb.m, j0 = kb.j0, tk = kb.count;
+        const int64_t last = kb.first + kb.len - 1, key0 = kb.first + j0;
+        float* ks = static_cast<float*>(team.team_shmem().get_shmem(bytes));
+        float* dks = ks + kTokens * d;
+        float* vv = dks + kTokens * d;
+        float* dvs = vv + kTokens * E1;
+        float* st = dvs + kTokens * E1;
+        float* ph = st + kRows * E1;
+        float* dphi = ph + kTokens * kRows;
+        float* w = dphi + kTokens * kRows;
+        float* c = w + kTokens;
+        team_load_rows(team, ks, k, batch, key0, kv, tk, d);
+        team_zero(team, dks, tk * d);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * E1), [&](int64_t i) {
+          vv[i] = i % E1 < e ? v.get(v.at(batch, key0 + i / E1, kv, i % E1)) : 1.f;
+          dvs[i] = 0.f;
+        });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk), [&](int64_t key) {
+          const int64_t j = j0 + key;  // keys before the chunk's last reset do not reach its end
+          w[key] = j < g.first_key(bh, last) ? 0.f : math::exp(g.log_decay(bh, key0 + key, last));
+          c[key] = 0.f;
+        });
+        for (int64_t r0 = 0; r0 < pb.D; r0 += kRows) {
+          const int64_t rows = r0 + kRows < pb.D ? kRows : pb.D - r0;
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * E1), [&](int64_t i) {
+            const int64_t r = r0 + i / E1, col = i % E1;
+            st[i] = col < e ? dS.get(dS.at(batch, m, kv, r, col)) : dz.present() ? dz.get(dz.at(batch, m, kv, r)) : 0.f;
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * rows), [&](int64_t i) {
+            ph[(i / rows) * kRows + i % rows] = phi_value(table[r0 + i % rows], pb.p, ks + (i / rows) * d);
+          });
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * rows), [&](int64_t i) {
+            const int64_t key = i / rows, r = i % rows;
+            float sum = 0.f;
+            for (int64_t col = 0; col < E1; ++col) sum += vv[key * E1 + col] * st[r * E1 + col];
+            dphi[key * kRows + r] = w[key] * sum;
+          });
+          team_add_product(team, dvs, ph, kRows, st, tk, rows, E1);
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk), [&](int64_t key) {
+            for (int64_t r = 0; r < rows; ++r) {
+              const float x = dphi[key * kRows + r];
+              c[key] += ph[key * kRows + r] * x;
+              add_phi_pullback(table[r0 + r], pb.p, ks + key * d, x, dks + key * d);
+            }
+          });
+        }
+        team.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * d), [&](int64_t i) {
+          out.dk.row(batch, key0 + i / d, kv)[i % d] += dks[i];
+        });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * e), [&](int64_t i) {
+          out.dv.row(batch, key0 + i / e, kv)[i % e] += w[i / e] * dvs[(i / e) * E1 + i % e];
+        });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk), [&](int64_t key) {
+          if (out.c.present()) *out.c.row(batch, key0 + key, kv) = c[key];
+        });
+      });
+}
+
+}  // namespace expanse_kokkos

@@ -1,0 +1,135 @@
+// The query side of the backward (docs/spec.md "Gradients", chunked form): for query i of chunk m,
+// with the states S_m, z_m entering its chunk,
+//   den_i = exp(Gc_i) phi(scale q_i) . z_m [+ exp(rowmax_i) l_i]                (normalized)
+//   dnum_i = dout_i / den_i,  dden_i = -(dout_i . o_i) / den_i   (0 where den_i = 0; unnormalized:
+//   dnum_i = dout_i, dden_i = 0)
+//   dPhi_i = exp(Gc_i) (S_m dnum_i + z_m dden_i),  dq_i = scale J_phi(scale q_i)^T dPhi_i,
+//   dG_i = phi(scale q_i) . dPhi_i      (the query's term of the gates' gradient)
+// A team per (batch, query head, chunk, block of kTokens queries) takes the rows of phi in tiles of
+// kRows: once for the denominators (normalized), once for dPhi, whose tile it pulls back at once.
+// As in query_state, exp(Gc_i) and exp(rowmax_i) are scaled by exp(-max(Gc_i, rowmax_i)) first.
+#pragma once
+
+#include "kokkos/kernels/backward_common.hpp"
+#include "kokkos/kernels/query_state.hpp"
+
+namespace expanse_kokkos {
+
+struct query_gradient_outputs {
+  query_cotangents cot;  // written
+  token_buffer dq;       // [b,t,hq,d]: written
+  token_buffer dG;       // [b,t,hq]: written
+};
+
+template <class Space>
+void launch_query_gradients(const Space& space, tensor_ref q, tensor_ref S, tensor_ref z, gate_sums g,
+                            const phi_row* table, expanse_problem pb, intra_terms intra, tensor_ref o, tensor_ref dout,
+                            query_gradient_outputs out) {
+  using policy = Kokkos::TeamPolicy<Space>;
+  using member = typename policy::member_type;
+  constexpr int kRows = 32, kTokens = 32;
+  const int64_t E1 = pb.e + 1;
+  // qs, dq [kTokens][d]; cot [kTokens][E1]; st [kRows][E1]; ph, dphi [kTokens][kRows]; factor, dG [kTokens].
+  const size_t bytes =
+      sizeof(float) * size_t(2 * kTokens * pb.d + kTokens * E1 + kRows * E1 + 2 * kTokens * kRows + 2 * kTokens);
+  policy teams(space, query_block::teams(kTokens, pb), Kokkos::AUTO);
+  teams.set_scratch_size(0, Kokkos::PerTeam(bytes));
+  Kokkos::parallel_for(
+      "expanse::query_gradients", teams, KOKKOS_LAMBDA(const member& team) {
+        const query_block qb(team.league_rank(), kTokens, pb);
+        if (qb.count == 0) return;
+        const int64_t batch = qb.batch, qh = qb.qh, kv = qb.kv, bh = qb.bh, m = qb.m, first = qb.first + qb.i0;
+        const int64_t tq = qb.count, d = pb.d, e = pb.e;
+        float* qs = static_cast<float*>(team.team_shmem().get_shmem(bytes));
+        float* dqs = qs + kTokens * d;
+        float* cot = dqs + kTokens * d;   // dout_i and -(dout_i . o_i) (normalized; else 0)
+        float* st = cot + kTokens * E1;   // state rows and z
+        float* ph = st + kRows * E1;
+        float* dphi = ph + kTokens * kRows;
+        float* factor = dphi + kTokens * kRows;  // exp(Gc_i) / den_i (normalized; else exp(Gc_i))
+        float* dG = factor + kTokens;
+        team_load_rows(team, qs, q, batch, first, qh, tq, d, float(pb.scale));
+        team_zero(team, dqs, tq * d);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
+          float dot = 0.f;
+          for (int64_t col = 0; col < e; ++col) {
+            const float x = dout.get(dout.at(batch, first + row, qh, col));
+            cot[row * E1 + col] = x;
+            if (pb.normalize) dot += x * o.get(o.at(batch, first + row, qh, col));
+          }
+          cot[row * E1 + e] = -dot;
+          factor[row] = 0.f;  // the state's part of den_i, first
+          dG[row] = 0.f;
+        });
+        auto stage_rows = [&](int64_t r0, int64_t rows, bool z_only) {
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * E1), [&](int64_t i) {
+            const int64_t r = r0 + i / E1, col = i % E1;
+            st[i] = col < e ? (z_only ? 0.f : S.get(S.at(batch, m, kv, r, col)))
+                            : z.present() ? z.get(z.at(batch, m, kv, r)) : 0.f;
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * rows), [&](int64_t i) {
+            ph[(i / rows) * kRows + i % rows] = phi_value(table[r0 + i % rows], pb.p, qs + (i / rows) * d);
+          });
+          team.team_barrier();
+        };
+        const bool has_state = S.present();  // none in the quadratic form without states
+        if (pb.normalize && has_state) {  // phi(scale q_i) . z_m
+          for (int64_t r0 = 0; r0 < pb.D; r0 += kRows) {
+            const int64_t rows = r0 + kRows < pb.D ? kRows : pb.D - r0;
+            stage_rows(r0, rows, true);
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
+              float sum = 0.f;
+              for (int64_t r = 0; r < rows; ++r) sum += ph[row * kRows + r] * st[r * E1 + e];
+              factor[row] += sum;
+            });
+          }
+        }
+        team.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
+          const int64_t tok = first + row;
+          const float gl = has_state ? g.log_from_chunk_start(bh, tok) : -INFINITY;
+          float r = 1.f, fq = math::exp(gl);  // dnum_i = dout_i r, dPhi_i = fq (S dout_i + z cot_e) for the state
+          if (pb.normalize) {
+            const bool has_intra = intra.l.present();
+            const float rm = has_intra ? intra.rowmax.get(intra.rowmax.at(batch, tok, qh)) : -INFINITY;
+            const float top = gl > rm ? gl : rm;
+            const float wq = gl == -INFINITY ? 0.f : math::exp(gl - top), wi = has_intra ? math::exp(rm - top) : 0.f;
+            const float den = factor[row] * wq + (has_intra ? intra.l.get(intra.l.at(batch, tok, qh)) * wi : 0.f);
+            r = den == 0.f ? 0.f : math::exp(-top) / den;  // 1 / den_i
+            fq = den == 0.f ? 0.f : wq / den;
+          }
+          factor[row] = fq;
+          float* dn = out.cot.dnum.row(batch, tok, qh);
+          for (int64_t col = 0; col < e; ++col) dn[col] = r * cot[row * E1 + col];
+          if (out.cot.dden.present()) *out.cot.dden.row(batch, tok, qh) = r * cot[row * E1 + e];
+        });
+        for (int64_t r0 = 0; has_state && r0 < pb.D; r0 += kRows) {
+          const int64_t rows = r0 + kRows < pb.D ? kRows : pb.D - r0;
+          stage_rows(r0, rows, false);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * rows), [&](int64_t i) {
+            const int64_t row = i / rows, r = i % rows;
+            float sum = 0.f;
+            for (int64_t col = 0; col < E1; ++col) sum += cot[row * E1 + col] * st[r * E1 + col];
+            dphi[row * kRows + r] = factor[row] * sum;
+          });
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
+            for (int64_t r = 0; r < rows; ++r) {
+              const float w = dphi[row * kRows + r];
+              dG[row] += ph[row * kRows + r] * w;
+              add_phi_pullback(table[r0 + r], pb.p, qs + row * d, w, dqs + row * d);
+            }
+          });
+        }
+        team.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * d), [&](int64_t i) {
+          out.dq.row(batch, first + i / d, qh)[i % d] = float(pb.scale) * dqs[i];
+        });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
+          if (out.dG.present()) *out.dG.row(batch, first + row, qh) = dG[row];
+        });
+      });
+}
+
+}  // namespace expanse_kokkos
