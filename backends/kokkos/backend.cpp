@@ -131,8 +131,25 @@ expanse_status synchronize(int32_t device, void* stream, char* err, size_t err_l
   return EXPANSE_OK;
 }
 
-// No extras: EXPANSE_CHUNK_AUTO takes the core's default rule (expanse_auto_chunk_size).
-void* get_proc_address(const char*) { return nullptr; }
+// power_attention's form and chunk size for EXPANSE_CHUNK_AUTO. Per query head and token, the quadratic
+// form visits t / 2 keys and the chunked form c / 2 keys plus the state products D e (1 + 1/r); a key
+// (a dot product, log, exp and an update of e sums, one thread per query) costs what about
+// 2.5 (d + e + 40) multiply-adds of the state's tile products do. Measured on the Serial space
+// (one core): P1 bf16 quadratic 0.40 s and c = 128 0.60 s at t = 1024, 1.60 s and 1.18 s at t = 2048
+// (the model's crossover: t = 1395); the README demo (d = e = 32, t = 512) 29.8 ms and 27.5 ms
+// (crossover 388).
+int64_t choose_chunk_size(const expanse_problem* pb) {
+  constexpr int64_t kChunk = 128;
+  const double r = pb->h > 0 ? double(pb->hq) / double(pb->h) : 1.0;
+  const double state = double(pb->D) * double(pb->e) * (1.0 + 1.0 / r);
+  const double key = 2.5 * double(pb->d + pb->e + 40);
+  return double(pb->t) < double(kChunk) + 2.0 * state / key ? 0 : kChunk;
+}
+
+void* get_proc_address(const char* name) {
+  if (std::string(name) == EXPANSE_CHOOSE_CHUNK_SIZE_PROC) return reinterpret_cast<void*>(&choose_chunk_size);
+  return nullptr;
+}
 
 const expanse_backend kTable = {
     EXPANSE_BACKEND_ABI_VERSION,

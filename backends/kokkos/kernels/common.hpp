@@ -159,15 +159,45 @@ struct gate_sums {
 };
 
 // acc [rows][cols] += a [rows][inner] (row stride lda) times b [inner][cols] (row stride cols): a tile
-// product in scratch, its entries shared among the team's threads.
+// product in scratch, shared among the team's threads by pieces of kColumns columns of one row, whose
+// sums each thread keeps in registers over the inner loop (a host compiler vectorizes them).
 template <class Member>
 KOKKOS_INLINE_FUNCTION void team_add_product(const Member& team, float* acc, const float* a, int64_t lda, const float* b,
                                              int64_t rows, int64_t inner, int64_t cols) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * cols), [&](int64_t i) {
-    const int64_t row = i / cols, col = i % cols;
-    float sum = 0.f;
-    for (int64_t k = 0; k < inner; ++k) sum += a[row * lda + k] * b[k * cols + col];
-    acc[i] += sum;
+  constexpr int kColumns = 8;  // the sums s0 .. s7 below
+  const int64_t pieces = (cols + kColumns - 1) / kColumns;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * pieces), [&](int64_t i) {
+    const int64_t row = i / pieces, c0 = (i % pieces) * kColumns;
+    float* out = acc + row * cols + c0;
+    const float* ar = a + row * lda;
+    if (c0 + kColumns <= cols) {
+      float s0 = out[0], s1 = out[1], s2 = out[2], s3 = out[3], s4 = out[4], s5 = out[5], s6 = out[6], s7 = out[7];
+      for (int64_t k = 0; k < inner; ++k) {
+        const float x = ar[k];
+        const float* in = b + k * cols + c0;
+        s0 += x * in[0], s1 += x * in[1], s2 += x * in[2], s3 += x * in[3];
+        s4 += x * in[4], s5 += x * in[5], s6 += x * in[6], s7 += x * in[7];
+      }
+      out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3, out[4] = s4, out[5] = s5, out[6] = s6, out[7] = s7;
+    } else {
+      for (int64_t col = 0; col < cols - c0; ++col) {
+        float sum = out[col];
+        for (int64_t k = 0; k < inner; ++k) sum += ar[k] * b[k * cols + c0 + col];
+        out[col] = sum;
+      }
+    }
+  });
+}
+
+// ph[r * r_stride + j * j_stride] = phi_{r0 + r}(x_j) for rows r < rows and the tokens x [tokens][d]
+// in scratch: a tile of phi, never more of it.
+template <class Member>
+KOKKOS_INLINE_FUNCTION void team_phi_tile(const Member& team, float* ph, int64_t r_stride, int64_t j_stride,
+                                          const phi_row* table, int64_t r0, int64_t rows, int p, const float* x,
+                                          int64_t tokens, int64_t d) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](int64_t r) {
+    const phi_row row = table[r0 + r];
+    for (int64_t j = 0; j < tokens; ++j) ph[r * r_stride + j * j_stride] = phi_value(row, p, x + j * d);
   });
 }
 

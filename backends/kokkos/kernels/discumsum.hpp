@@ -12,16 +12,24 @@ struct state_ref {
   tensor_ref t;
   int64_t shape[kMaxDims] = {};
   bool chunk_axis = true;
-  // The offset of element `elem` (row-major over the trailing dims) of (batch, chunk, head).
+  // The offset of element `elem` (row-major over the trailing dims) of (batch, chunk, head), in two
+  // parts: of (batch, chunk, head) and of the element.
   KOKKOS_INLINE_FUNCTION int64_t offset(int64_t batch, int64_t chunk, int64_t head, int64_t elem) const {
-    const int lead = chunk_axis ? 3 : 2;
-    int64_t off = batch * t.stride[0] + (chunk_axis ? chunk * t.stride[1] + head * t.stride[2] : head * t.stride[1]);
-    for (int dim = t.ndim - 1; dim >= lead; --dim) {
+    return row_offset(batch, chunk, head) + elem_offset(elem);
+  }
+  KOKKOS_INLINE_FUNCTION int64_t row_offset(int64_t batch, int64_t chunk, int64_t head) const {
+    return batch * t.stride[0] + (chunk_axis ? chunk * t.stride[1] + head * t.stride[2] : head * t.stride[1]);
+  }
+  KOKKOS_INLINE_FUNCTION int64_t elem_offset(int64_t elem) const {
+    int64_t off = 0;
+    for (int dim = t.ndim - 1; dim >= (chunk_axis ? 3 : 2); --dim) {
       off += (elem % shape[dim]) * t.stride[dim];
       elem /= shape[dim];
     }
     return off;
   }
+  // The stride from one chunk to the next (0 without a chunk axis).
+  KOKKOS_INLINE_FUNCTION int64_t chunk_stride() const { return chunk_axis ? t.stride[1] : 0; }
 };
 
 inline state_ref state_of(const expanse_tensor* x, bool chunk_axis) {
@@ -45,11 +53,13 @@ void launch_discumsum(const Space& space, state_ref X, tensor_ref A, state_ref i
   Kokkos::parallel_for(
       "expanse::discumsum", Kokkos::RangePolicy<Space>(space, 0, b * h * elems), KOKKOS_LAMBDA(const int64_t i) {
         const int64_t elem = i % elems, head = (i / elems) % h, batch = i / (elems * h);
+        const int64_t x0 = X.offset(batch, 0, head, elem), y0 = entering.offset(batch, 0, head, elem);
+        const int64_t xs = X.chunk_stride(), ys = entering.chunk_stride();
         float carry = init.t.present() ? init.t.get(init.offset(batch, 0, head, elem)) : 0.f;
         for (int64_t step = 0; step < n; ++step) {
           const int64_t m = reverse ? n - 1 - step : step;
-          const float x = X.t.get(X.offset(batch, m, head, elem));
-          entering.t.set(entering.offset(batch, m, head, elem), carry);
+          const float x = X.t.get(x0 + m * xs);
+          entering.t.set(y0 + m * ys, carry);
           const float decay = A.present() ? math::exp(A.get(A.at(batch, m, head))) : 1.f;
           carry = decay * carry + x;
         }

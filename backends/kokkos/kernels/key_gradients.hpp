@@ -59,9 +59,7 @@ void launch_key_gradients(const Space& space, tensor_ref k, tensor_ref v, gate_s
             const int64_t r = r0 + i / E1, col = i % E1;
             st[i] = col < e ? dS.get(dS.at(batch, m, kv, r, col)) : dz.present() ? dz.get(dz.at(batch, m, kv, r)) : 0.f;
           });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * rows), [&](int64_t i) {
-            ph[(i / rows) * kRows + i % rows] = phi_value(table[r0 + i % rows], pb.p, ks + (i / rows) * d);
-          });
+          team_phi_tile(team, ph, 1, kRows, table, r0, rows, pb.p, ks, tk, d);
           team.team_barrier();
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * rows), [&](int64_t i) {
             const int64_t key = i / rows, r = i % rows;

@@ -68,9 +68,7 @@ void launch_query_gradients(const Space& space, tensor_ref q, tensor_ref S, tens
             st[i] = col < e ? (z_only ? 0.f : S.get(S.at(batch, m, kv, r, col)))
                             : z.present() ? z.get(z.at(batch, m, kv, r)) : 0.f;
           });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * rows), [&](int64_t i) {
-            ph[(i / rows) * kRows + i % rows] = phi_value(table[r0 + i % rows], pb.p, qs + (i / rows) * d);
-          });
+          team_phi_tile(team, ph, 1, kRows, table, r0, rows, pb.p, qs, tq, d);
           team.team_barrier();
         };
         const bool has_state = S.present();  // none in the quadratic form without states

@@ -63,9 +63,7 @@ void launch_query_state(const Space& space, tensor_ref q, tensor_ref S, tensor_r
             const int64_t r = r0 + i / E1, col = i % E1;
             st[i] = col < e ? S.get(S.at(batch, m, kv, r, col)) : z.present() ? z.get(z.at(batch, m, kv, r)) : 0.f;
           });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * rows), [&](int64_t i) {
-            ph[(i / rows) * kRows + i % rows] = phi_value(table[r0 + i % rows], pb.p, qs + (i / rows) * d);
-          });
+          team_phi_tile(team, ph, 1, kRows, table, r0, rows, pb.p, qs, tq, d);
           team.team_barrier();
           team_add_product(team, acc, ph, kRows, st, tq, rows, E1);
         }

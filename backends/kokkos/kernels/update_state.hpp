@@ -26,7 +26,7 @@ void launch_state_sums(const Space& space, state_sum_source src, gate_sums g, co
                        tensor_ref S, tensor_ref z) {
   using policy = Kokkos::TeamPolicy<Space>;
   using member = typename policy::member_type;
-  constexpr int kRows = 32, kTokens = 32;
+  constexpr int kRows = 64, kTokens = 32;
   const int64_t E1 = pb.e + 1, blocks = (pb.D + kRows - 1) / kRows;
   const size_t bytes = sizeof(float) * size_t(kRows * E1 + kTokens * pb.d + kTokens * E1 + kRows * kTokens);
   policy teams(space, pb.b * pb.n * pb.h * blocks, Kokkos::AUTO);
@@ -54,17 +54,17 @@ void launch_state_sums(const Space& space, state_sum_source src, gate_sums g, co
             const int64_t tk = j0 + kTokens < len ? kTokens : len - j0;
             team.team_barrier();
             team_load_rows(team, xs, src.x, batch, first + j0, head, tk, d, src.x_scale);
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * E1), [&](int64_t i) {
-              const int64_t tok = first + j0 + i / E1, col = i % E1;
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk), [&](int64_t j) {
+              const int64_t tok = first + j0 + j;
               const float w = math::exp(src.from_start ? g.log_from_chunk_start(bh, tok) : g.log_decay(bh, tok, last));
-              wv[i] = w * (col < e            ? src.v.get(src.v.at(batch, tok, head, col))
-                           : src.u.present() ? src.u.get(src.u.at(batch, tok, head))
-                                             : 1.f);
+              float* row = wv + j * E1;
+              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, e), [&](int64_t col) {
+                row[col] = w * src.v.get(src.v.at(batch, tok, head, col));
+              });
+              Kokkos::single(Kokkos::PerThread(team), [&] { row[e] = src.u.present() ? w * src.u.get(src.u.at(batch, tok, head)) : w; });
             });
             team.team_barrier();
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * tk), [&](int64_t i) {
-              ph[(i / tk) * kTokens + i % tk] = phi_value(table[r0 + i / tk], pb.p, xs + (i % tk) * d);
-            });
+            team_phi_tile(team, ph, kTokens, 1, table, r0, rows, pb.p, xs, tk, d);
             team.team_barrier();
             team_add_product(team, acc, ph, kTokens, wv, rows, tk, E1);
           }
