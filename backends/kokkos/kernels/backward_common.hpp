@@ -22,6 +22,21 @@ struct query_cotangents {
   token_buffer dnum, dden;
 };
 
+// For one token x [d] and one tile of phi's rows r0 .. r0 + rows - 1 (its phi values ph and the
+// cotangents dphi of those rows): grad += J_phi(x)^T dphi, and returns phi(x) . dphi over the tile.
+// Both in f64: each is a sum of D products that cancel, the first the gradient of x (in f32 a p = 4
+// query's dq was 2e-4 off, 1.1e-5 over the case, tolerance 1e-5), the second the gates' term (in f32
+// a p = 4 token's dlog_g was 6.6e-4 off where the sum in f64 is 1.6e-5 off).
+KOKKOS_INLINE_FUNCTION double pull_back_tile(const phi_row* table, int64_t r0, int64_t rows, int p, const float* x,
+                                             const float* ph, const float* dphi, double* grad) {
+  double dot = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    dot += double(ph[r]) * dphi[r];
+    add_phi_pullback(table[r0 + r], p, x, dphi[r], grad);
+  }
+  return dot;
+}
+
 // Stages the cotangents of queries tok0 .. tok0 + count - 1 of one head: dn [count][e], dd [count].
 template <class Member>
 KOKKOS_INLINE_FUNCTION void team_load_cotangents(const Member& team, float* dn, float* dd, const query_cotangents& cot,

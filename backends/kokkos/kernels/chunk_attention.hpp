@@ -19,14 +19,14 @@ void launch_chunk_attention(const Space& space, tensor_ref q, tensor_ref k, tens
   constexpr int kTokens = 32, kKeys = 32;
   const size_t bytes = sizeof(float) * size_t(kTokens * (pb.d + pb.e + 2) + kKeys * (pb.d + pb.e));
   policy teams(space, query_block::teams(kTokens, pb), Kokkos::AUTO);
-  teams.set_scratch_size(0, Kokkos::PerTeam(bytes));
+  const int level = set_team_scratch(teams, bytes);
   Kokkos::parallel_for(
       "expanse::chunk_attention", teams, KOKKOS_LAMBDA(const member& team) {
         const query_block qb(team.league_rank(), kTokens, pb);
         if (qb.count == 0) return;
         const int64_t batch = qb.batch, qh = qb.qh, kv = qb.kv, bh = qb.bh, first = qb.first, i0 = qb.i0;
         const int64_t tq = qb.count, d = pb.d, e = pb.e;
-        float* qs = static_cast<float*>(team.team_shmem().get_shmem(bytes));
+        float* qs = team_floats(team, level, bytes);
         float* ys = qs + kTokens * d;   // [kTokens][e]
         float* mx = ys + kTokens * e;   // [kTokens]: running maximum
         float* ls = mx + kTokens;       // [kTokens]

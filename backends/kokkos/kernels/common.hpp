@@ -122,12 +122,13 @@ KOKKOS_INLINE_FUNCTION float phi_value(const phi_row& row, int p, const float* x
 }
 
 // grad += w J_phi(x)^T e_row: the gradient of w phi_row(x) with respect to x (phi_row a product of p
-// entries of x).
-KOKKOS_INLINE_FUNCTION void add_phi_pullback(const phi_row& row, int p, const float* x, float w, float* grad) {
+// entries of x), in grad's precision.
+template <class G>
+KOKKOS_INLINE_FUNCTION void add_phi_pullback(const phi_row& row, int p, const float* x, float w, G* grad) {
   for (int k = 0; k < p; ++k) {
-    float partial = w * row.coef;
+    G partial = G(w) * G(row.coef);
     for (int other = 0; other < p; ++other)
-      if (other != k) partial *= x[row.idx[other]];
+      if (other != k) partial *= G(x[row.idx[other]]);
     grad[row.idx[k]] += partial;
   }
 }
@@ -211,10 +212,23 @@ KOKKOS_INLINE_FUNCTION void team_load_rows(const Member& team, float* dst, const
   });
 }
 
-// dst[0 .. count) = 0, shared among the team's threads.
+// Gives each team of `policy` `bytes` of scratch: level 0 (a GPU's shared memory) where it fits, level
+// 1 (device memory) otherwise; returns the level, which the kernel's team_floats takes.
+template <class Policy>
+int set_team_scratch(Policy& policy, size_t bytes) {
+  const int level = bytes <= size_t(Policy::scratch_size_max(0)) ? 0 : 1;
+  policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
+  return level;
+}
 template <class Member>
-KOKKOS_INLINE_FUNCTION void team_zero(const Member& team, float* dst, int64_t count) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int64_t i) { dst[i] = 0.f; });
+KOKKOS_INLINE_FUNCTION float* team_floats(const Member& team, int level, size_t bytes) {
+  return static_cast<float*>(team.team_scratch(level).get_shmem(bytes));
+}
+
+// dst[0 .. count) = 0, shared among the team's threads.
+template <class Member, class T>
+KOKKOS_INLINE_FUNCTION void team_zero(const Member& team, T* dst, int64_t count) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int64_t i) { dst[i] = T(0); });
 }
 
 // The queries of one team of the query kernels (query_state, chunk_attention): the league rank runs

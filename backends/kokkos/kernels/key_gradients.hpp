@@ -22,19 +22,21 @@ void launch_key_gradients(const Space& space, tensor_ref k, tensor_ref v, gate_s
   using member = typename policy::member_type;
   constexpr int kRows = 32, kTokens = 32;
   const int64_t d = pb.d, e = pb.e, E1 = e + 1;
-  // ks, dks [kTokens][d]; vv, dvs [kTokens][E1]; st [kRows][E1]; ph, dphi [kTokens][kRows]; w, c [kTokens].
-  const size_t bytes = sizeof(float) * size_t(2 * kTokens * d + 2 * kTokens * E1 + kRows * E1 + 2 * kTokens * kRows + 2 * kTokens);
+  // dks [kTokens][d] (f64, first: aligned); ks [kTokens][d]; vv, dvs [kTokens][E1]; st [kRows][E1]; ph, dphi
+  // [kTokens][kRows]; w, c [kTokens].
+  const size_t bytes = sizeof(double) * size_t(kTokens * d) +
+                       sizeof(float) * size_t(kTokens * d + 2 * kTokens * E1 + kRows * E1 + 2 * kTokens * kRows + 2 * kTokens);
   policy teams(space, key_block::teams(kTokens, pb), Kokkos::AUTO);
-  teams.set_scratch_size(0, Kokkos::PerTeam(bytes));
+  const int level = set_team_scratch(teams, bytes);
   Kokkos::parallel_for(
       "expanse::key_gradients", teams, KOKKOS_LAMBDA(const member& team) {
         const key_block kb(team.league_rank(), kTokens, pb);
         if (kb.count == 0) return;
         const int64_t batch = kb.batch, kv = kb.kv, bh = kb.bh, m = kb.m, j0 = kb.j0, tk = kb.count;
         const int64_t last = kb.first + kb.len - 1, key0 = kb.first + j0;
-        float* ks = static_cast<float*>(team.team_shmem().get_shmem(bytes));
-        float* dks = ks + kTokens * d;
-        float* vv = dks + kTokens * d;
+        double* dks = reinterpret_cast<double*>(team_floats(team, level, bytes));
+        float* ks = reinterpret_cast<float*>(dks + kTokens * d);
+        float* vv = ks + kTokens * d;
         float* dvs = vv + kTokens * E1;
         float* st = dvs + kTokens * E1;
         float* ph = st + kRows * E1;
@@ -70,16 +72,13 @@ void launch_key_gradients(const Space& space, tensor_ref k, tensor_ref v, gate_s
           team_add_product(team, dvs, ph, kRows, st, tk, rows, E1);
           team.team_barrier();
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk), [&](int64_t key) {
-            for (int64_t r = 0; r < rows; ++r) {
-              const float x = dphi[key * kRows + r];
-              c[key] += ph[key * kRows + r] * x;
-              add_phi_pullback(table[r0 + r], pb.p, ks + key * d, x, dks + key * d);
-            }
+            c[key] += float(pull_back_tile(table, r0, rows, pb.p, ks + key * d, ph + key * kRows, dphi + key * kRows,
+                                           dks + key * d));
           });
         }
         team.team_barrier();
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * d), [&](int64_t i) {
-          out.dk.row(batch, key0 + i / d, kv)[i % d] += dks[i];
+          out.dk.row(batch, key0 + i / d, kv)[i % d] += float(dks[i]);
         });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * e), [&](int64_t i) {
           out.dv.row(batch, key0 + i / e, kv)[i % e] += w[i / e] * dvs[(i / e) * E1 + i % e];

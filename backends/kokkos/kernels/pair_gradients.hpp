@@ -43,13 +43,13 @@ void launch_pair_gradients(const Space& space, tensor_ref q, tensor_ref k, tenso
   // Query-major: qs, dq [kTokens][d], dn [kTokens][e], dd, rows [kTokens]; keys ks [kTokens][d], vs [kTokens][e].
   const size_t query_bytes = sizeof(float) * size_t(kTokens * (3 * d + 2 * e + 2));
   policy query_teams(space, query_block::teams(kTokens, pb), Kokkos::AUTO);
-  query_teams.set_scratch_size(0, Kokkos::PerTeam(query_bytes));
+  const int query_level = set_team_scratch(query_teams, query_bytes);
   Kokkos::parallel_for(
       "expanse::pair_gradients_queries", query_teams, KOKKOS_LAMBDA(const member& team) {
         const query_block qb(team.league_rank(), kTokens, pb);
         if (qb.count == 0) return;
         const int64_t batch = qb.batch, qh = qb.qh, kv = qb.kv, bh = qb.bh, first = qb.first, i0 = qb.i0, tq = qb.count;
-        float* qs = static_cast<float*>(team.team_shmem().get_shmem(query_bytes));
+        float* qs = team_floats(team, query_level, query_bytes);
         float* dqs = qs + kTokens * d;
         float* ks = dqs + kTokens * d;
         float* vs = ks + kTokens * d;
@@ -93,13 +93,13 @@ void launch_pair_gradients(const Space& space, tensor_ref q, tensor_ref k, tenso
   // dn [kTokens][e], dd [kTokens].
   const size_t key_bytes = sizeof(float) * size_t(kTokens * (3 * d + 3 * e + 2));
   policy key_teams(space, key_block::teams(kTokens, pb), Kokkos::AUTO);
-  key_teams.set_scratch_size(0, Kokkos::PerTeam(key_bytes));
+  const int key_level = set_team_scratch(key_teams, key_bytes);
   Kokkos::parallel_for(
       "expanse::pair_gradients_keys", key_teams, KOKKOS_LAMBDA(const member& team) {
         const key_block kb(team.league_rank(), kTokens, pb);
         if (kb.count == 0) return;
         const int64_t batch = kb.batch, kv = kb.kv, bh = kb.bh, first = kb.first, len = kb.len, j0 = kb.j0, tk = kb.count;
-        float* ks = static_cast<float*>(team.team_shmem().get_shmem(key_bytes));
+        float* ks = team_floats(team, key_level, key_bytes);
         float* dks = ks + kTokens * d;
         float* qs = dks + kTokens * d;
         float* vs = qs + kTokens * d;

@@ -29,20 +29,22 @@ void launch_query_gradients(const Space& space, tensor_ref q, tensor_ref S, tens
   using member = typename policy::member_type;
   constexpr int kRows = 32, kTokens = 32;
   const int64_t E1 = pb.e + 1;
-  // qs, dq [kTokens][d]; cot [kTokens][E1]; st [kRows][E1]; ph, dphi [kTokens][kRows]; factor, dG [kTokens].
-  const size_t bytes =
-      sizeof(float) * size_t(2 * kTokens * pb.d + kTokens * E1 + kRows * E1 + 2 * kTokens * kRows + 2 * kTokens);
+  // f64 first (aligned): dout_o [kTokens], dq [kTokens][d]; then qs [kTokens][d]; cot [kTokens][E1];
+  // st [kRows][E1]; ph, dphi [kTokens][kRows]; factor, dG [kTokens].
+  const size_t bytes = sizeof(double) * size_t(kTokens + kTokens * pb.d) +
+                       sizeof(float) * size_t(kTokens * pb.d + kTokens * E1 + kRows * E1 + 2 * kTokens * kRows + 2 * kTokens);
   policy teams(space, query_block::teams(kTokens, pb), Kokkos::AUTO);
-  teams.set_scratch_size(0, Kokkos::PerTeam(bytes));
+  const int level = set_team_scratch(teams, bytes);
   Kokkos::parallel_for(
       "expanse::query_gradients", teams, KOKKOS_LAMBDA(const member& team) {
         const query_block qb(team.league_rank(), kTokens, pb);
         if (qb.count == 0) return;
         const int64_t batch = qb.batch, qh = qb.qh, kv = qb.kv, bh = qb.bh, m = qb.m, first = qb.first + qb.i0;
         const int64_t tq = qb.count, d = pb.d, e = pb.e;
-        float* qs = static_cast<float*>(team.team_shmem().get_shmem(bytes));
-        float* dqs = qs + kTokens * d;
-        float* cot = dqs + kTokens * d;   // dout_i and -(dout_i . o_i) (normalized; else 0)
+        double* dout_o = reinterpret_cast<double*>(team_floats(team, level, bytes));  // -(dout_i . o_i)
+        double* dqs = dout_o + kTokens;
+        float* qs = reinterpret_cast<float*>(dqs + kTokens * d);
+        float* cot = qs + kTokens * d;    // dout_i and -(dout_i . o_i) (normalized; else 0)
         float* st = cot + kTokens * E1;   // state rows and z
         float* ph = st + kRows * E1;
         float* dphi = ph + kTokens * kRows;
@@ -51,13 +53,14 @@ void launch_query_gradients(const Space& space, tensor_ref q, tensor_ref S, tens
         team_load_rows(team, qs, q, batch, first, qh, tq, d, float(pb.scale));
         team_zero(team, dqs, tq * d);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
-          float dot = 0.f;
+          double dot = 0.0;  // -(dout . o) multiplies z in dPhi, where S dout nearly cancels it: summed in f64
           for (int64_t col = 0; col < e; ++col) {
             const float x = dout.get(dout.at(batch, first + row, qh, col));
             cot[row * E1 + col] = x;
-            if (pb.normalize) dot += x * o.get(o.at(batch, first + row, qh, col));
+            if (pb.normalize) dot += double(x) * o.get(o.at(batch, first + row, qh, col));
           }
-          cot[row * E1 + e] = -dot;
+          dout_o[row] = -dot;
+          cot[row * E1 + e] = float(-dot);
           factor[row] = 0.f;  // the state's part of den_i, first
           dG[row] = 0.f;
         });
@@ -77,7 +80,7 @@ void launch_query_gradients(const Space& space, tensor_ref q, tensor_ref S, tens
             const int64_t rows = r0 + kRows < pb.D ? kRows : pb.D - r0;
             stage_rows(r0, rows, true);
             Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
-              float sum = 0.f;
+              double sum = 0.0;
               for (int64_t r = 0; r < rows; ++r) sum += ph[row * kRows + r] * st[r * E1 + e];
               factor[row] += sum;
             });
@@ -107,22 +110,20 @@ void launch_query_gradients(const Space& space, tensor_ref q, tensor_ref S, tens
           stage_rows(r0, rows, false);
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * rows), [&](int64_t i) {
             const int64_t row = i / rows, r = i % rows;
-            float sum = 0.f;
-            for (int64_t col = 0; col < E1; ++col) sum += cot[row * E1 + col] * st[r * E1 + col];
+            double sum = 0.0;
+            for (int64_t col = 0; col < e; ++col) sum += cot[row * E1 + col] * st[r * E1 + col];
+            sum += dout_o[row] * st[r * E1 + e];
             dphi[row * kRows + r] = factor[row] * sum;
           });
           team.team_barrier();
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
-            for (int64_t r = 0; r < rows; ++r) {
-              const float w = dphi[row * kRows + r];
-              dG[row] += ph[row * kRows + r] * w;
-              add_phi_pullback(table[r0 + r], pb.p, qs + row * d, w, dqs + row * d);
-            }
+            dG[row] += float(pull_back_tile(table, r0, rows, pb.p, qs + row * d, ph + row * kRows, dphi + row * kRows,
+                                            dqs + row * d));
           });
         }
         team.team_barrier();
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * d), [&](int64_t i) {
-          out.dq.row(batch, first + i / d, qh)[i % d] = float(pb.scale) * dqs[i];
+          out.dq.row(batch, first + i / d, qh)[i % d] = float(pb.scale * dqs[i]);
         });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
           if (out.dG.present()) *out.dG.row(batch, first + row, qh) = dG[row];

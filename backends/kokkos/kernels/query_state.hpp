@@ -43,14 +43,14 @@ void launch_query_state(const Space& space, tensor_ref q, tensor_ref S, tensor_r
   const size_t bytes = sizeof(float) * size_t(kTokens * pb.d + kTokens * E1 + kRows * E1 + kTokens * kRows);
   const bool has_state = S.present();
   policy teams(space, query_block::teams(kTokens, pb), Kokkos::AUTO);
-  teams.set_scratch_size(0, Kokkos::PerTeam(bytes));
+  const int level = set_team_scratch(teams, bytes);
   Kokkos::parallel_for(
       "expanse::query_state", teams, KOKKOS_LAMBDA(const member& team) {
         const query_block qb(team.league_rank(), kTokens, pb);
         if (qb.count == 0) return;
         const int64_t batch = qb.batch, qh = qb.qh, kv = qb.kv, bh = qb.bh, m = qb.m, first = qb.first, i0 = qb.i0;
         const int64_t tq = qb.count, d = pb.d, e = pb.e;
-        float* qs = static_cast<float*>(team.team_shmem().get_shmem(bytes));
+        float* qs = team_floats(team, level, bytes);
         float* acc = qs + kTokens * d;     // [kTokens][E1]: numerator, then denominator
         float* st = acc + kTokens * E1;    // [kRows][E1]: state rows, then z
         float* ph = st + kRows * E1;       // [kTokens][kRows]

@@ -30,7 +30,7 @@ void launch_state_sums(const Space& space, state_sum_source src, gate_sums g, co
   const int64_t E1 = pb.e + 1, blocks = (pb.D + kRows - 1) / kRows;
   const size_t bytes = sizeof(float) * size_t(kRows * E1 + kTokens * pb.d + kTokens * E1 + kRows * kTokens);
   policy teams(space, pb.b * pb.n * pb.h * blocks, Kokkos::AUTO);
-  teams.set_scratch_size(0, Kokkos::PerTeam(bytes));
+  const int level = set_team_scratch(teams, bytes);
   Kokkos::parallel_for(
       "expanse::state_sums", teams, KOKKOS_LAMBDA(const member& team) {
         int64_t task = team.league_rank();
@@ -42,7 +42,7 @@ void launch_state_sums(const Space& space, state_sum_source src, gate_sums g, co
         const int64_t first = m * pb.c, len = first + pb.c < pb.t ? pb.c : pb.t - first, last = first + len - 1;
         const int64_t r0 = blk * kRows, rows = r0 + kRows < pb.D ? kRows : pb.D - r0;
         const int64_t d = pb.d, e = pb.e;
-        float* acc = static_cast<float*>(team.team_shmem().get_shmem(bytes));
+        float* acc = team_floats(team, level, bytes);
         float* xs = acc + kRows * E1;    // [kTokens][d]
         float* wv = xs + kTokens * d;    // [kTokens][E1]: w v, then w u
         float* ph = wv + kTokens * E1;   // [kRows][kTokens]
