@@ -25,6 +25,9 @@ struct space_list {
 #if defined(KOKKOS_ENABLE_CUDA)
 using served_spaces = space_list<Kokkos::Cuda>;
 constexpr int32_t kDeviceType = EXPANSE_DEVICE_CUDA;
+#elif defined(KOKKOS_ENABLE_HIP) && KOKKOS_VERSION >= 40000
+using served_spaces = space_list<Kokkos::HIP>;  // out of Experimental since Kokkos 4.0
+constexpr int32_t kDeviceType = EXPANSE_DEVICE_ROCM;
 #elif defined(KOKKOS_ENABLE_HIP)
 using served_spaces = space_list<Kokkos::Experimental::HIP>;
 constexpr int32_t kDeviceType = EXPANSE_DEVICE_ROCM;
@@ -81,12 +84,11 @@ void with_space(int index, F&& f) {
 // streams, the default instance otherwise (host spaces run each kernel to completion).
 template <class Space>
 Space instance_for(void* stream) {
+  // A Cuda or HIP build serves its device space alone (served_spaces), which takes the stream.
 #if defined(KOKKOS_ENABLE_CUDA)
-  if constexpr (std::is_same_v<Space, Kokkos::Cuda>)
-    if (stream != nullptr) return Kokkos::Cuda(static_cast<cudaStream_t>(stream));
+  if (stream != nullptr) return Space(static_cast<cudaStream_t>(stream));
 #elif defined(KOKKOS_ENABLE_HIP)
-  if constexpr (std::is_same_v<Space, Kokkos::Experimental::HIP>)
-    if (stream != nullptr) return Kokkos::Experimental::HIP(static_cast<hipStream_t>(stream));
+  if (stream != nullptr) return Space(static_cast<hipStream_t>(stream));
 #endif
   (void)stream;
   return Space{};

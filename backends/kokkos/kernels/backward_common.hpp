@@ -17,9 +17,35 @@ struct token_buffer {
   }
 };
 
-// The cotangents of query i's numerator and denominator: dnum_i [e] and dden_i (absent: 0).
+// The cotangents of query i's numerator and denominator: dnum_i [e] and dden_i (absent: 0). In the
+// normalized power attention also their inputs, dnum_i = r_i dout_i and dden_i = -r_i dout_i . o_i
+// (r_i = 1 / den_i), from which the pairs take M_ij = dnum_i . v_j + dden_i as r_i dout_i . (v_j - o_i):
+// for a query with a single key (o_i = v_j) that is exactly 0, where dnum and dden rounded apart
+// leave eps |dout| |v| / den_i, which its tiny denominator (den_i = s_ii^2) turns into a large
+// spurious gradient (dq 1.1e-5 relative on a case of the table, tolerance 1e-5).
 struct query_cotangents {
   token_buffer dnum, dden;
+  tensor_ref dout, o;  // absent: M from dnum, dden
+  token_buffer r;      // [b,t,hq], with dout and o
+};
+
+// One team's staged cotangents of `count` queries (team_load_cotangents): a [count][e] is dout (exact
+// form) or dnum, o [count][e] the outputs (exact form), w [count] r (exact form) or dden.
+struct staged_cotangents {
+  float *a, *o, *w;
+  int64_t e;
+  bool exact;
+  // M_ij for query row `row` and the values v [e] of key j.
+  KOKKOS_INLINE_FUNCTION float M(int64_t row, const float* v) const {
+    float sum = 0.f;
+    if (exact) {
+      for (int64_t col = 0; col < e; ++col) sum += a[row * e + col] * (v[col] - o[row * e + col]);
+      return w[row] * sum;
+    }
+    for (int64_t col = 0; col < e; ++col) sum += a[row * e + col] * v[col];
+    return w[row] + sum;
+  }
+  KOKKOS_INLINE_FUNCTION float dnum(int64_t row, int64_t col) const { return exact ? w[row] * a[row * e + col] : a[row * e + col]; }
 };
 
 // For one token x [d] and one tile of phi's rows r0 .. r0 + rows - 1 (its phi values ph and the
@@ -37,16 +63,22 @@ KOKKOS_INLINE_FUNCTION double pull_back_tile(const phi_row* table, int64_t r0, i
   return dot;
 }
 
-// Stages the cotangents of queries tok0 .. tok0 + count - 1 of one head: dn [count][e], dd [count].
+// Stages the cotangents of queries tok0 .. tok0 + count - 1 of one head (staged_cotangents).
 template <class Member>
-KOKKOS_INLINE_FUNCTION void team_load_cotangents(const Member& team, float* dn, float* dd, const query_cotangents& cot,
+KOKKOS_INLINE_FUNCTION void team_load_cotangents(const Member& team, const staged_cotangents& st, const query_cotangents& cot,
                                                  int64_t batch, int64_t tok0, int64_t head, int64_t count) {
-  const int64_t e = cot.dnum.width;
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count * e), [&](int64_t i) {
-    dn[i] = cot.dnum.row(batch, tok0 + i / e, head)[i % e];
-  });
+  const int64_t e = st.e;
+  if (st.exact) {
+    team_load_rows(team, st.a, cot.dout, batch, tok0, head, count, e);
+    team_load_rows(team, st.o, cot.o, batch, tok0, head, count, e);
+  } else {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count * e), [&](int64_t i) {
+      st.a[i] = cot.dnum.row(batch, tok0 + i / e, head)[i % e];
+    });
+  }
   Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int64_t row) {
-    dd[row] = cot.dden.present() ? *cot.dden.row(batch, tok0 + row, head) : 0.f;
+    const token_buffer& w = st.exact ? cot.r : cot.dden;
+    st.w[row] = w.present() ? *w.row(batch, tok0 + row, head) : 0.f;
   });
 }
 

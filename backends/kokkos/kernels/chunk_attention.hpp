@@ -32,7 +32,7 @@ void launch_chunk_attention(const Space& space, tensor_ref q, tensor_ref k, tens
         float* ls = mx + kTokens;       // [kTokens]
         float* ks = ls + kTokens;       // [kKeys][d]
         float* vs = ks + kKeys * d;     // [kKeys][e]
-        team_load_rows(team, qs, q, batch, first + i0, qh, tq, d, float(pb.scale));
+        team_load_rows(team, qs, q, batch, first + i0, qh, tq, d);  // unscaled (scaled_dot)
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * e), [&](int64_t i) { ys[i] = 0.f; });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t i) {
           mx[i] = -INFINITY;
@@ -50,17 +50,16 @@ void launch_chunk_attention(const Space& space, tensor_ref q, tensor_ref k, tens
             float* yr = ys + row * e;
             for (int64_t j = j0 > lo ? j0 : lo; j <= i && j < j0 + tk; ++j) {
               const float* kr = ks + (j - j0) * d;
-              float dot = 0.f;
-              for (int64_t a = 0; a < d; ++a) dot += qs[row * d + a] * kr[a];
-              if (dot == 0.f) continue;
-              const float s = float(pb.p) * math::log(math::fabs(dot)) + g.log_decay(bh, first + j, first + i);
+              const double dot = scaled_dot(qs + row * d, kr, d, pb.scale);
+              if (dot == 0.0) continue;
+              const float s = float(pb.p * math::log(math::fabs(dot))) + g.log_decay(bh, first + j, first + i);
               if (s > mx[row]) {
                 const float f = math::exp(mx[row] - s);  // 0 for the first finite score
                 for (int64_t col = 0; col < e; ++col) yr[col] *= f;
                 ls[row] *= f;
                 mx[row] = s;
               }
-              const float w = (pb.p % 2 == 1 && dot < 0.f ? -1.f : 1.f) * math::exp(s - mx[row]);
+              const float w = (pb.p % 2 == 1 && dot < 0.0 ? -1.f : 1.f) * math::exp(s - mx[row]);
               const float* vr = vs + (j - j0) * e;
               for (int64_t col = 0; col < e; ++col) yr[col] += w * vr[col];
               ls[row] += w;

@@ -133,12 +133,23 @@ KOKKOS_INLINE_FUNCTION void add_phi_pullback(const phi_row& row, int p, const fl
   }
 }
 
+// scale q . k of unscaled q [d] and k [d], summed in f64 and scaled after: a nearly orthogonal q and
+// k (a query whose only key is its own, after a reset or at a chunk's start) make the sum cancel, and
+// the pair then dominates its row (its log is the row maximum; its tiny denominator makes its
+// gradients the largest), so f32 sums of a rounded scale q missed the f32 tolerance (rowmax 1.3e-5,
+// dq 1.1e-5; 1e-5 is the tolerance).
+KOKKOS_INLINE_FUNCTION double scaled_dot(const float* q, const float* k, int64_t d, double scale) {
+  double dot = 0.0;
+  for (int64_t a = 0; a < d; ++a) dot += double(q[a]) * k[a];
+  return scale * dot;
+}
+
 // The gates of each chunk, per [b,h] row of tokens (made once per call, ops/common.cpp). The decays
 // are evaluated as docs/spec.md asks, never as -inf - (-inf): within a chunk, `since` is the sum of
 // log_g from the chunk's start, restarted at each reset (0 at the reset token), and `reset` the
 // chunk-local index of the last reset at or before the token (-1: none). Absent gates: empty.
 struct gate_sums {
-  const float* since = nullptr;  // [b,h,t]
+  const double* since = nullptr;  // [b,h,t], f64: a decay is the difference of two sums, exact to f32 then
   const int32_t* reset = nullptr;
   int64_t t = 0, c = 1;
 
@@ -150,12 +161,12 @@ struct gate_sums {
   }
   // log of the decay from key j to token i of the same chunk (j >= first_key(i)).
   KOKKOS_INLINE_FUNCTION float log_decay(int64_t bh, int64_t j, int64_t i) const {
-    return present() ? since[bh * t + i] - since[bh * t + j] : 0.f;
+    return present() ? float(since[bh * t + i] - since[bh * t + j]) : 0.f;
   }
   // log of the decay from the state entering i's chunk to token i: Gc_i, -inf after a reset.
   KOKKOS_INLINE_FUNCTION float log_from_chunk_start(int64_t bh, int64_t i) const {
     if (!present()) return 0.f;
-    return reset[bh * t + i] >= 0 ? -INFINITY : since[bh * t + i];
+    return reset[bh * t + i] >= 0 ? -INFINITY : float(since[bh * t + i]);
   }
 };
 

@@ -8,20 +8,20 @@ namespace expanse_kokkos {
 
 // log_g [b,t,h] f32 -> since, reset [b,h,t] for chunks of c tokens.
 template <class Space>
-void launch_gate_sums(const Space& space, tensor_ref log_g, int64_t b, int64_t t, int64_t h, int64_t c, float* since,
+void launch_gate_sums(const Space& space, tensor_ref log_g, int64_t b, int64_t t, int64_t h, int64_t c, double* since,
                       int32_t* reset) {
   const int64_t n = (t + c - 1) / c;
   Kokkos::parallel_for(
       "expanse::gate_sums", Kokkos::RangePolicy<Space>(space, 0, b * h * n), KOKKOS_LAMBDA(const int64_t task) {
         const int64_t m = task % n, bh = task / n, batch = bh / h, head = bh % h;
         const int64_t first = m * c, last = first + c < t ? first + c : t;
-        float sum = 0.f;
+        double sum = 0.0;
         int32_t last_reset = -1;
         for (int64_t i = first; i < last; ++i) {
           const float lg = log_g.get(log_g.at(batch, i, head));
           if (lg == -INFINITY) {  // a reset: nothing before it reaches i or later tokens
             last_reset = int32_t(i - first);
-            sum = 0.f;
+            sum = 0.0;
           } else {
             sum += lg;
           }

@@ -40,8 +40,10 @@ void launch_pair_gradients(const Space& space, tensor_ref q, tensor_ref k, tenso
   constexpr int kTokens = 32;
   const int64_t d = pb.d, e = pb.e, group = pb.hq / pb.h;
   const float scale = float(pb.scale);
-  // Query-major: qs, dq [kTokens][d], dn [kTokens][e], dd, rows [kTokens]; keys ks [kTokens][d], vs [kTokens][e].
-  const size_t query_bytes = sizeof(float) * size_t(kTokens * (3 * d + 2 * e + 2));
+  const bool exact = cot.dout.present();
+  // Query-major: qs, dq [kTokens][d], the staged cotangents [kTokens][e] twice and [kTokens], rows
+  // [kTokens]; keys ks [kTokens][d], vs [kTokens][e].
+  const size_t query_bytes = sizeof(float) * size_t(kTokens * (3 * d + 3 * e + 2));
   policy query_teams(space, query_block::teams(kTokens, pb), Kokkos::AUTO);
   const int query_level = set_team_scratch(query_teams, query_bytes);
   Kokkos::parallel_for(
@@ -53,11 +55,10 @@ void launch_pair_gradients(const Space& space, tensor_ref q, tensor_ref k, tenso
         float* dqs = qs + kTokens * d;
         float* ks = dqs + kTokens * d;
         float* vs = ks + kTokens * d;
-        float* dn = vs + kTokens * e;
-        float* dd = dn + kTokens * e;
-        float* rows = dd + kTokens;
-        team_load_rows(team, qs, q, batch, first + i0, qh, tq, d, scale);
-        team_load_cotangents(team, dn, dd, cot, batch, first + i0, qh, tq);
+        const staged_cotangents sc{vs + kTokens * e, vs + 2 * kTokens * e, vs + 3 * kTokens * e, e, exact};
+        float* rows = sc.w + kTokens;
+        team_load_rows(team, qs, q, batch, first + i0, qh, tq, d);  // unscaled (scaled_dot)
+        team_load_cotangents(team, sc, cot, batch, first + i0, qh, tq);
         team_zero(team, dqs, tq * d);
         team_zero(team, rows, tq);
         for (int64_t j0 = g.first_key(bh, first + i0); j0 < i0 + tq; j0 += kTokens) {
@@ -71,10 +72,8 @@ void launch_pair_gradients(const Space& space, tensor_ref q, tensor_ref k, tenso
             for (int64_t j = j0 > lo ? j0 : lo; j <= i && j < j0 + tk; ++j) {
               const float* kr = ks + (j - j0) * d;
               const float* vr = vs + (j - j0) * e;
-              float s = 0.f, M = dd[row];
-              for (int64_t a = 0; a < d; ++a) s += qs[row * d + a] * kr[a];
-              for (int64_t col = 0; col < e; ++col) M += dn[row * e + col] * vr[col];
-              const pair_terms pt(s, g.log_decay(bh, first + j, first + i), M, pb.p);
+              const float s = scaled_dot(qs + row * d, kr, d, pb.scale);
+              const pair_terms pt(s, g.log_decay(bh, first + j, first + i), sc.M(row, vr), pb.p);
               rows[row] += pt.am;
               for (int64_t a = 0; a < d; ++a) dqs[row * d + a] += pt.b * kr[a];
             }
@@ -89,9 +88,9 @@ void launch_pair_gradients(const Space& space, tensor_ref q, tensor_ref k, tenso
         });
       });
 
-  // Key-major: ks, dk [kTokens][d], vs, dv [kTokens][e], cols [kTokens]; queries qs [kTokens][d],
-  // dn [kTokens][e], dd [kTokens].
-  const size_t key_bytes = sizeof(float) * size_t(kTokens * (3 * d + 3 * e + 2));
+  // Key-major: ks, dk [kTokens][d], vs, dv [kTokens][e], cols [kTokens]; queries qs [kTokens][d] and
+  // their staged cotangents [kTokens][e] twice and [kTokens].
+  const size_t key_bytes = sizeof(float) * size_t(kTokens * (3 * d + 4 * e + 2));
   policy key_teams(space, key_block::teams(kTokens, pb), Kokkos::AUTO);
   const int key_level = set_team_scratch(key_teams, key_bytes);
   Kokkos::parallel_for(
@@ -104,9 +103,8 @@ void launch_pair_gradients(const Space& space, tensor_ref q, tensor_ref k, tenso
         float* qs = dks + kTokens * d;
         float* vs = qs + kTokens * d;
         float* dvs = vs + kTokens * e;
-        float* dn = dvs + kTokens * e;
-        float* dd = dn + kTokens * e;
-        float* cols = dd + kTokens;
+        const staged_cotangents sc{dvs + kTokens * e, dvs + 2 * kTokens * e, dvs + 3 * kTokens * e, e, exact};
+        float* cols = sc.w + kTokens;
         team_load_rows(team, ks, k, batch, first + j0, kv, tk, d);
         team_load_rows(team, vs, v, batch, first + j0, kv, tk, e);
         team_zero(team, dks, tk * d);
@@ -116,8 +114,8 @@ void launch_pair_gradients(const Space& space, tensor_ref q, tensor_ref k, tenso
           for (int64_t i0 = j0; i0 < len; i0 += kTokens) {
             const int64_t tq = i0 + kTokens < len ? kTokens : len - i0;
             team.team_barrier();
-            team_load_rows(team, qs, q, batch, first + i0, qh, tq, d, scale);
-            team_load_cotangents(team, dn, dd, cot, batch, first + i0, qh, tq);
+            team_load_rows(team, qs, q, batch, first + i0, qh, tq, d);  // unscaled (scaled_dot)
+            team_load_cotangents(team, sc, cot, batch, first + i0, qh, tq);
             team.team_barrier();
             Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk), [&](int64_t key) {
               const int64_t j = j0 + key;
@@ -126,13 +124,11 @@ void launch_pair_gradients(const Space& space, tensor_ref q, tensor_ref k, tenso
               for (int64_t row = 0; row < tq; ++row) {
                 const int64_t i = i0 + row;
                 if (i < j || g.first_key(bh, first + i) > j) continue;
-                float s = 0.f, M = dd[row];
-                for (int64_t a = 0; a < d; ++a) s += qs[row * d + a] * kr[a];
-                for (int64_t col = 0; col < e; ++col) M += dn[row * e + col] * vr[col];
-                const pair_terms pt(s, g.log_decay(bh, first + j, first + i), M, pb.p);
+                const float s = scaled_dot(qs + row * d, kr, d, pb.scale);
+                const pair_terms pt(s, g.log_decay(bh, first + j, first + i), sc.M(row, vr), pb.p);
                 cols[key] += pt.am;
-                for (int64_t a = 0; a < d; ++a) dks[key * d + a] += pt.b * qs[row * d + a];
-                for (int64_t col = 0; col < e; ++col) dvs[key * e + col] += pt.a * dn[row * e + col];
+                for (int64_t a = 0; a < d; ++a) dks[key * d + a] += pt.b * scale * qs[row * d + a];
+                for (int64_t col = 0; col < e; ++col) dvs[key * e + col] += pt.a * sc.dnum(row, col);
               }
             });
           }

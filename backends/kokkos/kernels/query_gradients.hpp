@@ -16,7 +16,7 @@
 namespace expanse_kokkos {
 
 struct query_gradient_outputs {
-  query_cotangents cot;  // written
+  query_cotangents cot;  // dnum, dden and r (where present) written
   token_buffer dq;       // [b,t,hq,d]: written
   token_buffer dG;       // [b,t,hq]: written
 };
@@ -104,6 +104,7 @@ void launch_query_gradients(const Space& space, tensor_ref q, tensor_ref S, tens
           float* dn = out.cot.dnum.row(batch, tok, qh);
           for (int64_t col = 0; col < e; ++col) dn[col] = r * cot[row * E1 + col];
           if (out.cot.dden.present()) *out.cot.dden.row(batch, tok, qh) = r * cot[row * E1 + e];
+          if (out.cot.r.present()) *out.cot.r.row(batch, tok, qh) = r;
         });
         for (int64_t r0 = 0; has_state && r0 < pb.D; r0 += kRows) {
           const int64_t rows = r0 + kRows < pb.D ? kRows : pb.D - r0;

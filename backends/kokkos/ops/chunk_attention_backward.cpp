@@ -17,7 +17,8 @@ void chunk_attention_backward_teams_run(const expanse_op& op, launch_context& lc
   const auto& a = args_of<expanse_chunk_attention_backward_args>(op);
   const gate_sums g = make_gate_sums(a.log_g, pb, pb.c, op, lc);
   const bool want_dlog_g = a.dlog_g != nullptr;
-  const query_cotangents cot{take_tokens(lc, pb.b, pb.t, pb.hq, pb.e), take_tokens(lc, pb.b, pb.t, pb.hq, 1, a.dl != nullptr)};
+  const query_cotangents cot{take_tokens(lc, pb.b, pb.t, pb.hq, pb.e), take_tokens(lc, pb.b, pb.t, pb.hq, 1, a.dl != nullptr),
+                            {}, {}, {}};
   const pair_outputs out{take_tokens(lc, pb.b, pb.t, pb.hq, pb.d), take_tokens(lc, pb.b, pb.t, pb.hq, 1, want_dlog_g),
                          take_tokens(lc, pb.b, pb.t, pb.h, pb.d), take_tokens(lc, pb.b, pb.t, pb.h, pb.e),
                          take_tokens(lc, pb.b, pb.t, pb.h, 1, want_dlog_g)};

@@ -120,7 +120,7 @@ gate_sums make_gate_sums(const expanse_tensor* log_g, const expanse_problem& pb,
   gate_sums g;
   if (log_g == nullptr) return g;
   const size_t tokens = size_t(pb.b * pb.h * pb.t);
-  float* since = lc.ws.take<float>(tokens);
+  double* since = lc.ws.take<double>(tokens);
   int32_t* reset = lc.ws.take<int32_t>(tokens);
   g.since = since;
   g.reset = reset;

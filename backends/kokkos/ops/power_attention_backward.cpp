@@ -44,9 +44,10 @@ void power_attention_backward_chunked_run(const expanse_op& op, launch_context& 
   float* entering = states && a.dlog_g ? lc.ws.take<float>(size_t(b * h * n)) : nullptr;
   const token_buffer y = take_tokens(lc, b, t, hq, e, pb.normalize != 0), l = take_tokens(lc, b, t, hq, 1, pb.normalize != 0),
                      rowmax = take_tokens(lc, b, t, hq, 1, pb.normalize != 0);
-  const query_gradient_outputs q_out{{take_tokens(lc, b, t, hq, e), take_tokens(lc, b, t, hq, 1)},
-                                     take_tokens(lc, b, t, hq, pb.d),
-                                     take_tokens(lc, b, t, hq, 1, a.dlog_g != nullptr)};
+  // Normalized, the pairs take M_ij from dout and o themselves (backward_common.hpp, query_cotangents).
+  query_cotangents cot{take_tokens(lc, b, t, hq, e), take_tokens(lc, b, t, hq, 1), {}, {}, {}};
+  if (pb.normalize) cot.dout = tensor_ref(a.dout), cot.o = tensor_ref(a.o), cot.r = take_tokens(lc, b, t, hq, 1);
+  const query_gradient_outputs q_out{cot, take_tokens(lc, b, t, hq, pb.d), take_tokens(lc, b, t, hq, 1, a.dlog_g != nullptr)};
   const pair_outputs pairs{q_out.dq, take_tokens(lc, b, t, hq, 1, a.dlog_g != nullptr), take_tokens(lc, b, t, h, pb.d),
                            take_tokens(lc, b, t, h, e), take_tokens(lc, b, t, h, 1, a.dlog_g != nullptr)};
   const key_gradient_outputs keys{pairs.dk, pairs.dv, take_tokens(lc, b, t, h, 1, a.dlog_g != nullptr)};
