@@ -2,7 +2,8 @@
 // stabilized in log space. For j <= i of one chunk (and j at or after i's last reset):
 //   s_ij = p log|scale q_i . k_j| + Gc_i - Gc_j,  sign_ij = sign(q_i . k_j)^p,  rowmax_i = max_j s_ij,
 //   y_i = sum_j sign_ij exp(s_ij - rowmax_i) v_j,  l_i = sum_j sign_ij exp(s_ij - rowmax_i)
-// (a row with no finite score: rowmax = 0, y = 0, l = 0). A team per (batch, query head, chunk,
+// (a row with no finite score: rowmax = 0, y = 0, l = 0). y may be absent (the backward's denominators
+// need only l and rowmax): its sums are then skipped. A team per (batch, query head, chunk,
 // block of kTokens queries) walks the keys in tiles of kKeys held in scratch; each query row keeps
 // its running maximum and rescales its sums when it grows (one pass over the keys).
 #pragma once
@@ -17,6 +18,7 @@ void launch_chunk_attention(const Space& space, tensor_ref q, tensor_ref k, tens
   using policy = Kokkos::TeamPolicy<Space>;
   using member = typename policy::member_type;
   constexpr int kTokens = 32, kKeys = 32;
+  const bool want_y = y.present();
   const size_t bytes = sizeof(float) * size_t(kTokens * (pb.d + pb.e + 2) + kKeys * (pb.d + pb.e));
   policy teams(space, query_block::teams(kTokens, pb), Kokkos::AUTO);
   const int level = set_team_scratch(teams, bytes);
@@ -55,19 +57,19 @@ void launch_chunk_attention(const Space& space, tensor_ref q, tensor_ref k, tens
               const float s = float(pb.p * math::log(math::fabs(dot))) + g.log_decay(bh, first + j, first + i);
               if (s > mx[row]) {
                 const float f = math::exp(mx[row] - s);  // 0 for the first finite score
-                for (int64_t col = 0; col < e; ++col) yr[col] *= f;
+                for (int64_t col = 0; col < (want_y ? e : 0); ++col) yr[col] *= f;
                 ls[row] *= f;
                 mx[row] = s;
               }
               const float w = (pb.p % 2 == 1 && dot < 0.0 ? -1.f : 1.f) * math::exp(s - mx[row]);
               const float* vr = vs + (j - j0) * e;
-              for (int64_t col = 0; col < e; ++col) yr[col] += w * vr[col];
+              for (int64_t col = 0; col < (want_y ? e : 0); ++col) yr[col] += w * vr[col];
               ls[row] += w;
             }
           });
         }
         team.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * e), [&](int64_t i) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, want_y ? tq * e : 0), [&](int64_t i) {
           y.set(y.at(batch, first + i0 + i / e, qh, i % e), ys[i]);
         });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {

@@ -242,51 +242,42 @@ KOKKOS_INLINE_FUNCTION void team_zero(const Member& team, T* dst, int64_t count)
   Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int64_t i) { dst[i] = T(0); });
 }
 
-// The queries of one team of the query kernels (query_state, chunk_attention): the league rank runs
-// over (batch, query head, chunk, block of `per_team` queries), fastest last.
-struct query_block {
-  int64_t batch, qh, kv, bh, m, first, len, i0, count;  // first, len: the chunk; i0, count: the block in it
-  KOKKOS_INLINE_FUNCTION query_block(int64_t rank, int64_t per_team, const expanse_problem& pb) {
+// The tokens of one team: the league rank runs over (batch, head, chunk, block of `per_team` tokens of
+// the chunk), fastest last, over `heads` heads (the query heads or the kv heads).
+struct token_block {
+  int64_t batch, head, m, first, len, start, count;  // first, len: the chunk; start, count: the block in it
+  KOKKOS_INLINE_FUNCTION token_block(int64_t rank, int64_t per_team, int64_t heads, const expanse_problem& pb) {
     const int64_t blocks = (pb.c + per_team - 1) / per_team;
     const int64_t blk = rank % blocks;
     rank /= blocks;
     m = rank % pb.n;
     rank /= pb.n;
-    qh = rank % pb.hq;
-    batch = rank / pb.hq;
-    kv = qh / (pb.hq / pb.h);
-    bh = batch * pb.h + kv;
+    head = rank % heads;
+    batch = rank / heads;
     first = m * pb.c;
     len = first + pb.c < pb.t ? pb.c : pb.t - first;
-    i0 = blk * per_team;
-    count = i0 >= len ? 0 : i0 + per_team < len ? per_team : len - i0;
+    start = blk * per_team;
+    count = start >= len ? 0 : start + per_team < len ? per_team : len - start;
   }
-  static int64_t teams(int64_t per_team, const expanse_problem& pb) {
-    return pb.b * pb.hq * pb.n * ((pb.c + per_team - 1) / per_team);
+  static int64_t teams(int64_t per_team, int64_t heads, const expanse_problem& pb) {
+    return pb.b * heads * pb.n * ((pb.c + per_team - 1) / per_team);
   }
 };
 
-// The keys of one team of the key kernels (the backward's): the league rank runs over (batch, kv
-// head, chunk, block of `per_team` keys), fastest last.
-struct key_block {
-  int64_t batch, kv, bh, m, first, len, j0, count;  // first, len: the chunk; j0, count: the block in it
-  KOKKOS_INLINE_FUNCTION key_block(int64_t rank, int64_t per_team, const expanse_problem& pb) {
-    const int64_t blocks = (pb.c + per_team - 1) / per_team;
-    const int64_t blk = rank % blocks;
-    rank /= blocks;
-    m = rank % pb.n;
-    rank /= pb.n;
-    kv = rank % pb.h;
-    batch = rank / pb.h;
-    bh = batch * pb.h + kv;
-    first = m * pb.c;
-    len = first + pb.c < pb.t ? pb.c : pb.t - first;
-    j0 = blk * per_team;
-    count = j0 >= len ? 0 : j0 + per_team < len ? per_team : len - j0;
-  }
-  static int64_t teams(int64_t per_team, const expanse_problem& pb) {
-    return pb.b * pb.h * pb.n * ((pb.c + per_team - 1) / per_team);
-  }
+// The queries of one team of the query kernels (query_state, chunk_attention, the backward's).
+struct query_block : token_block {
+  int64_t qh, kv, bh, i0;
+  KOKKOS_INLINE_FUNCTION query_block(int64_t rank, int64_t per_team, const expanse_problem& pb)
+      : token_block(rank, per_team, pb.hq, pb), qh(head), kv(head / (pb.hq / pb.h)), bh(batch * pb.h + kv), i0(start) {}
+  static int64_t teams(int64_t per_team, const expanse_problem& pb) { return token_block::teams(per_team, pb.hq, pb); }
+};
+
+// The keys of one team of the backward's key kernels.
+struct key_block : token_block {
+  int64_t kv, bh, j0;
+  KOKKOS_INLINE_FUNCTION key_block(int64_t rank, int64_t per_team, const expanse_problem& pb)
+      : token_block(rank, per_team, pb.h, pb), kv(head), bh(batch * pb.h + kv), j0(start) {}
+  static int64_t teams(int64_t per_team, const expanse_problem& pb) { return token_block::teams(per_team, pb.h, pb); }
 };
 
 }  // namespace expanse_kokkos

@@ -3,6 +3,8 @@
 // chunk m) makes exp(A_m) exactly 0: Y_{m+1} is X_m alone.
 #pragma once
 
+#include <initializer_list>
+
 #include "kokkos/kernels/common.hpp"
 
 namespace expanse_kokkos {
@@ -31,6 +33,14 @@ struct state_ref {
   // The stride from one chunk to the next (0 without a chunk axis).
   KOKKOS_INLINE_FUNCTION int64_t chunk_stride() const { return chunk_axis ? t.stride[1] : 0; }
 };
+
+// A contiguous state buffer t of the given shape [b, chunks, h, ...] (the composed operations' own).
+inline state_ref chunk_states_of(const tensor_ref& t, std::initializer_list<int64_t> shape) {
+  state_ref s;
+  s.t = t;
+  for (size_t i = 0; i < shape.size(); ++i) s.shape[i] = shape.begin()[i];
+  return s;
+}
 
 inline state_ref state_of(const expanse_tensor* x, bool chunk_axis) {
   state_ref s;

@@ -10,7 +10,7 @@ std::string chunk_attention_teams_declines(const expanse_op& op, const device_pr
 void chunk_attention_teams_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_chunk_attention_args>(op);
-  const gate_sums g = make_gate_sums(a.log_g, pb, pb.c, op, lc);
+  const gate_sums g = make_gate_sums(a.log_g, pb, op, lc);
   if (lc.ws.sizing() || pb.b * pb.t * pb.hq == 0) return;
   on_space(op, lc, [&](auto space) {
     launch_chunk_attention(space, tensor_ref(a.q), tensor_ref(a.k), tensor_ref(a.v), g, pb, tensor_ref(a.y),

@@ -15,7 +15,7 @@ std::string chunk_attention_backward_teams_declines(const expanse_op& op, const 
 void chunk_attention_backward_teams_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_chunk_attention_backward_args>(op);
-  const gate_sums g = make_gate_sums(a.log_g, pb, pb.c, op, lc);
+  const gate_sums g = make_gate_sums(a.log_g, pb, op, lc);
   const bool want_dlog_g = a.dlog_g != nullptr;
   const query_cotangents cot{take_tokens(lc, pb.b, pb.t, pb.hq, pb.e), take_tokens(lc, pb.b, pb.t, pb.hq, 1, a.dl != nullptr),
                             {}, {}, {}};

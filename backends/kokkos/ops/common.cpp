@@ -115,7 +115,7 @@ tensor_ref tensor_of(const token_buffer& buf, int64_t b) {
   return buf.width == 1 ? f32_buffer(buf.data, {b, buf.t, buf.heads}) : f32_buffer(buf.data, {b, buf.t, buf.heads, buf.width});
 }
 
-gate_sums make_gate_sums(const expanse_tensor* log_g, const expanse_problem& pb, int64_t c, const expanse_op& op,
+gate_sums make_gate_sums(const expanse_tensor* log_g, const expanse_problem& pb, const expanse_op& op,
                          launch_context& lc) {
   gate_sums g;
   if (log_g == nullptr) return g;
@@ -125,9 +125,9 @@ gate_sums make_gate_sums(const expanse_tensor* log_g, const expanse_problem& pb,
   g.since = since;
   g.reset = reset;
   g.t = pb.t;
-  g.c = c;
+  g.c = pb.c;
   if (lc.ws.sizing() || tokens == 0) return g;
-  on_space(op, lc, [&](auto space) { launch_gate_sums(space, tensor_ref(log_g), pb.b, pb.t, pb.h, c, since, reset); });
+  on_space(op, lc, [&](auto space) { launch_gate_sums(space, tensor_ref(log_g), pb.b, pb.t, pb.h, pb.c, since, reset); });
   return g;
 }
 

@@ -25,9 +25,9 @@ std::string common_declines(const expanse_op& op);
 // The phi table of the problem's p, d and layout, in the workspace (filled unless sizing).
 const phi_row* make_phi_table(const expanse_problem& pb, const expanse_op& op, launch_context& lc);
 
-// The gate sums of chunks of c tokens of a [b,t,h] log_g, in the workspace (computed unless sizing);
+// The gate sums of the problem's chunks of a [b,t,h] log_g, in the workspace (computed unless sizing);
 // empty when log_g is null.
-gate_sums make_gate_sums(const expanse_tensor* log_g, const expanse_problem& pb, int64_t c, const expanse_op& op,
+gate_sums make_gate_sums(const expanse_tensor* log_g, const expanse_problem& pb, const expanse_op& op,
                          launch_context& lc);
 
 // A contiguous f32 tensor over workspace memory.

@@ -24,7 +24,7 @@ void power_attention_chunked_run(const expanse_op& op, launch_context& lc) {
   const int64_t b = pb.b, t = pb.t, hq = pb.hq, h = pb.h, n = pb.n, D = pb.D, e = pb.e;
 
   const phi_row* table = need_states ? make_phi_table(pb, op, lc) : nullptr;
-  const gate_sums g = make_gate_sums(a.log_g, pb, pb.c, op, lc);
+  const gate_sums g = make_gate_sums(a.log_g, pb, op, lc);
   float* y = lc.ws.take<float>(size_t(b * t * hq * e));
   float* l = lc.ws.take<float>(size_t(b * t * hq));
   float* rowmax = lc.ws.take<float>(size_t(b * t * hq));
@@ -44,20 +44,11 @@ void power_attention_chunked_run(const expanse_op& op, launch_context& lc) {
       launch_update_state(space, tensor_ref(a.k), tensor_ref(a.v), g, table, pb, S_ref, z_ref);
       if (A) launch_chunk_totals(space, g, b, h, n, A);
       const tensor_ref A_ref = A ? f32_buffer(A, {b, n, h}) : tensor_ref{};
-      auto scan = [&](const tensor_ref& X, std::initializer_list<int64_t> shape, const expanse_tensor* initial,
-                      const expanse_tensor* final_state) {
-        state_ref states;
-        states.t = X;
-        int64_t elems = 1;
-        for (size_t i = 0; i < shape.size(); ++i) {
-          states.shape[i] = shape.begin()[i];
-          if (i >= 3) elems *= shape.begin()[i];
-        }
-        launch_discumsum(space, states, A_ref, state_of(initial, false), states, state_of(final_state, false), b, n, h,
-                         elems);
+      auto scan = [&](const state_ref& X, int64_t elems, const expanse_tensor* initial, const expanse_tensor* final_state) {
+        launch_discumsum(space, X, A_ref, state_of(initial, false), X, state_of(final_state, false), b, n, h, elems);
       };
-      scan(S_ref, {b, n, h, D, e}, a.initial_S, a.final_S);
-      if (z) scan(z_ref, {b, n, h, D}, a.initial_z, a.final_z);
+      scan(chunk_states_of(S_ref, {b, n, h, D, e}), D * e, a.initial_S, a.final_S);
+      if (z) scan(chunk_states_of(z_ref, {b, n, h, D}), D, a.initial_z, a.final_z);
     }
     // 3. Inter-chunk terms combined with the intra-chunk ones.
     launch_query_state(space, tensor_ref(a.q), S_ref, z_ref, g, table, pb, intra_terms{y_ref, l_ref, rowmax_ref},

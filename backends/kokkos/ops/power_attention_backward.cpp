@@ -35,14 +35,14 @@ void power_attention_backward_chunked_run(const expanse_op& op, launch_context& 
   const bool with_z = states && (pb.normalize || a.initial_z || a.dfinal_z);
 
   const phi_row* table = states ? make_phi_table(pb, op, lc) : nullptr;
-  const gate_sums g = make_gate_sums(a.log_g, pb, pb.c, op, lc);
+  const gate_sums g = make_gate_sums(a.log_g, pb, op, lc);
   float* S = states ? lc.ws.take<float>(size_t(b * (n + 1) * h * D * e)) : nullptr;  // entering, final in slot n
   float* z = with_z ? lc.ws.take<float>(size_t(b * (n + 1) * h * D)) : nullptr;
   float* dY = states ? lc.ws.take<float>(size_t(b * n * h * D * e)) : nullptr;  // leaving each chunk
   float* dZ = with_z ? lc.ws.take<float>(size_t(b * n * h * D)) : nullptr;
   float* A = states && g.present() ? lc.ws.take<float>(size_t(b * n * h)) : nullptr;
   float* entering = states && a.dlog_g ? lc.ws.take<float>(size_t(b * h * n)) : nullptr;
-  const token_buffer y = take_tokens(lc, b, t, hq, e, pb.normalize != 0), l = take_tokens(lc, b, t, hq, 1, pb.normalize != 0),
+  const token_buffer l = take_tokens(lc, b, t, hq, 1, pb.normalize != 0),
                      rowmax = take_tokens(lc, b, t, hq, 1, pb.normalize != 0);
   // Normalized, the pairs take M_ij from dout and o themselves (backward_common.hpp, query_cotangents).
   query_cotangents cot{take_tokens(lc, b, t, hq, e), take_tokens(lc, b, t, hq, 1), {}, {}, {}};
@@ -58,27 +58,21 @@ void power_attention_backward_chunked_run(const expanse_op& op, launch_context& 
   const tensor_ref dY_ref = dY ? f32_buffer(dY, {b, n, h, D, e}) : tensor_ref{};
   const tensor_ref dZ_ref = dZ ? f32_buffer(dZ, {b, n, h, D}) : tensor_ref{};
   const tensor_ref A_ref = A ? f32_buffer(A, {b, n, h}) : tensor_ref{};
-  auto chunk_states = [&](const tensor_ref& X, std::initializer_list<int64_t> shape) {
-    state_ref s;
-    s.t = X;
-    for (size_t i = 0; i < shape.size(); ++i) s.shape[i] = shape.begin()[i];
-    return s;
-  };
   on_space(op, lc, [&](auto space) {
     // 1. The forward states (S, z enter each chunk; slot n: the final state) and the pairs' sums.
     if (states) {
       launch_update_state(space, tensor_ref(a.k), tensor_ref(a.v), g, table, pb, S_ref, z_ref);
       if (A) launch_chunk_totals(space, g, b, h, n, A);
-      const state_ref Ss = chunk_states(S_ref, {b, n + 1, h, D, e});
+      const state_ref Ss = chunk_states_of(S_ref, {b, n + 1, h, D, e});
       launch_discumsum(space, Ss, A_ref, state_of(a.initial_S, false), Ss, Ss, b, n, h, D * e);
       if (z) {
-        const state_ref zs = chunk_states(z_ref, {b, n + 1, h, D});
+        const state_ref zs = chunk_states_of(z_ref, {b, n + 1, h, D});
         launch_discumsum(space, zs, A_ref, state_of(a.initial_z, false), zs, zs, b, n, h, D);
       }
     }
     intra_terms intra;
     if (pb.normalize) {
-      intra = {tensor_of(y, b), tensor_of(l, b), tensor_of(rowmax, b)};
+      intra = {tensor_ref{}, tensor_of(l, b), tensor_of(rowmax, b)};  // the denominators' pairs only
       launch_chunk_attention(space, tensor_ref(a.q), tensor_ref(a.k), tensor_ref(a.v), g, pb, intra.y, intra.l, intra.rowmax);
     }
     // 2. The queries; 3. the pairs.
@@ -97,11 +91,11 @@ void power_attention_backward_chunked_run(const expanse_op& op, launch_context& 
       src.group = hq / h;
       src.from_start = true;
       launch_state_sums(space, src, g, table, pb, dY_ref, dZ_ref);
-      const state_ref dYs = chunk_states(dY_ref, {b, n, h, D, e});
+      const state_ref dYs = chunk_states_of(dY_ref, {b, n, h, D, e});
       launch_discumsum(space, dYs, A_ref, state_of(a.dfinal_S, false), dYs, state_of(a.dinitial_S, false), b, n, h, D * e,
                        /*reverse=*/true);
       if (dZ) {
-        const state_ref dZs = chunk_states(dZ_ref, {b, n, h, D});
+        const state_ref dZs = chunk_states_of(dZ_ref, {b, n, h, D});
         launch_discumsum(space, dZs, A_ref, state_of(a.dfinal_z, false), dZs, state_of(a.dinitial_z, false), b, n, h, D,
                          /*reverse=*/true);
       }

@@ -11,7 +11,7 @@ void query_state_teams_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_query_state_args>(op);
   const phi_row* table = make_phi_table(pb, op, lc);
-  const gate_sums g = make_gate_sums(a.log_g, pb, pb.c, op, lc);
+  const gate_sums g = make_gate_sums(a.log_g, pb, op, lc);
   if (lc.ws.sizing() || pb.b * pb.t * pb.hq * pb.e == 0) return;
   intra_terms intra;
   if (pb.has_intra && a.y != nullptr) intra = {tensor_ref(a.y), tensor_ref(a.l), tensor_ref(a.rowmax)};

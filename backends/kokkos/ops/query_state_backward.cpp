@@ -18,7 +18,7 @@ void query_state_backward_teams_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_query_state_backward_args>(op);
   const phi_row* table = make_phi_table(pb, op, lc);
-  const gate_sums g = make_gate_sums(a.log_g, pb, pb.c, op, lc);
+  const gate_sums g = make_gate_sums(a.log_g, pb, op, lc);
   const query_gradient_outputs out{
       {take_tokens(lc, pb.b, pb.t, pb.hq, pb.e), take_tokens(lc, pb.b, pb.t, pb.hq, 1), {}, {}, {}},
       take_tokens(lc, pb.b, pb.t, pb.hq, pb.d),

@@ -15,7 +15,7 @@ void update_state_backward_teams_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_update_state_backward_args>(op);
   const phi_row* table = make_phi_table(pb, op, lc);
-  const gate_sums g = make_gate_sums(a.log_g, pb, pb.c, op, lc);
+  const gate_sums g = make_gate_sums(a.log_g, pb, op, lc);
   key_gradient_outputs out{take_tokens(lc, pb.b, pb.t, pb.h, pb.d), take_tokens(lc, pb.b, pb.t, pb.h, pb.e),
                            take_tokens(lc, pb.b, pb.t, pb.h, 1, a.dlog_g != nullptr)};
   if (lc.ws.sizing() || pb.b * pb.t * pb.h == 0) return;
