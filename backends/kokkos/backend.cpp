@@ -25,6 +25,22 @@ expanse_status init(char* err, size_t err_len) {
     write_text(err, err_len, "this Kokkos build has no execution space the backend can serve");
     return EXPANSE_ERROR_BACKEND;
   }
+#if defined(KOKKOS_ENABLE_CUDA)
+  // Kokkos::initialize is not fit to fail (it takes the first of the visible devices): ask first.
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+    (void)cudaGetLastError();
+    write_text(err, err_len, "this Kokkos build serves its Cuda space and no CUDA device is visible");
+    return EXPANSE_ERROR_BACKEND;
+  }
+#elif defined(KOKKOS_ENABLE_HIP)
+  int gpus = 0;
+  if (hipGetDeviceCount(&gpus) != hipSuccess || gpus == 0) {
+    (void)hipGetLastError();
+    write_text(err, err_len, "this Kokkos build serves its HIP space and no HIP device is visible");
+    return EXPANSE_ERROR_BACKEND;
+  }
+#endif
   try {
     // A process that uses Kokkos itself initializes it first; otherwise it is ours to set up, and to
     // finalize at exit (before Kokkos' own static objects go: handlers run in reverse order).
@@ -55,10 +71,27 @@ expanse_status device_info(int32_t device, expanse_device_info* info) {
   info->device_id = device;
   info->compute_major = info->compute_minor = 0;
   info->memory_bytes = 0;
-  if (kDeviceType == EXPANSE_DEVICE_CPU) {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    if (pages > 0 && page > 0) info->memory_bytes = uint64_t(pages) * uint64_t(page);
+#if defined(KOKKOS_ENABLE_CUDA)
+  // The GPU's own figures: a Cuda space's concurrency() counts threads in flight, not SMs.
+  cudaDeviceProp prop{};
+  int gpu = 0;
+  if (cudaGetDevice(&gpu) == cudaSuccess && cudaGetDeviceProperties(&prop, gpu) == cudaSuccess) {
+    info->multiprocessors = prop.multiProcessorCount;
+    info->compute_major = prop.major;
+    info->compute_minor = prop.minor;
+    info->memory_bytes = prop.totalGlobalMem;
   }
+#elif defined(KOKKOS_ENABLE_HIP)
+  hipDeviceProp_t prop{};
+  int gpu = 0;
+  if (hipGetDevice(&gpu) == hipSuccess && hipGetDeviceProperties(&prop, gpu) == hipSuccess) {
+    info->multiprocessors = prop.multiProcessorCount;
+    info->memory_bytes = prop.totalGlobalMem;
+  }
+#else
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) info->memory_bytes = uint64_t(pages) * uint64_t(page);
+#endif
   return EXPANSE_OK;
 }
 

@@ -2,6 +2,8 @@
 zero-copy checked by data pointer, work on the current stream, agreement with the reference within
 the SPEC tolerances, in-place decoding state, and no silent transfer between devices."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,8 @@ import naive
 torch = pytest.importorskip("torch", reason="skipped: no CUDA device (PyTorch is not installed)")
 if not torch.cuda.is_available():
     pytest.skip("skipped: no CUDA device", allow_module_level=True)
+import expanse.torch  # noqa: E402  (needs torch)
+import plain_torch  # noqa: E402
 
 DEV = torch.device("cuda", 0)
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-3}
@@ -123,3 +127,48 @@ def test_default_backend_follows_the_device(rng):
     assert expanse._expanse.last_call()["backend"] == "cuda"
     expanse.power_attention(q.cpu(), q.cpu(), q.cpu())
     assert expanse._expanse.last_call()["backend"] == "reference"
+
+
+@needs_backend
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+def test_layer_trains_on_the_gpu_like_plain_pytorch(monkeypatch, autocast):
+    """expanse.torch.PowerAttention on the GPU (heads of d = e = 64 and p = 2: under bf16 autocast the
+    tensor-core forward and backward) and the same layer with its attention in plain f32 PyTorch, from
+    the same weights on the same data: the loss falls 100-fold over 300 Adam steps and the curves
+    match to 1% of the starting loss at every step. Relative to the loss itself they part late, as the
+    loss nears zero and Adam's steps amplify f32's rounding: 23% at step 300 in f32 (0.0021 against
+    0.0017 of a starting 1.0), 0.5% at step 100."""
+    torch.manual_seed(6)
+    layer = expanse.torch.PowerAttention(256, n_heads=8, n_kv_heads=4, head_dim=64, chunk_size=128, device=DEV)
+    plain = copy.deepcopy(layer)
+    x = torch.randn(2, 600, 256, device=DEV)
+    ours = plain_torch.train(layer, x, 300, autocast=autocast)
+    with monkeypatch.context() as m:
+        m.setattr(expanse.torch._ops, "power_attention", plain_torch.power_attention)
+        theirs = plain_torch.train(plain, x, 300)
+    ours, theirs = np.array(ours), np.array(theirs)
+    print("loss", ours[[0, 99, 199, 299]], theirs[[0, 99, 199, 299]], "max diff / first loss",
+          np.max(np.abs(ours - theirs)) / ours[0])
+    assert ours[-1] < 1e-2 * ours[0]
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-2 * ours[0])
+
+
+@needs_backend
+def test_compiled_layer_on_the_gpu():
+    """torch.compile (inductor) traces the layer on CUDA tensors in one graph, and the compiled
+    training step's gradients are the eager ones."""
+    torch.manual_seed(7)
+    layer = expanse.torch.PowerAttention(256, n_heads=8, n_kv_heads=4, head_dim=64, chunk_size=64, device=DEV)
+    x = torch.randn(2, 200, 256, device=DEV)
+    explained = torch._dynamo.explain(layer)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    compiled = torch.compile(layer, fullgraph=True)
+    grads = []
+    for model in (layer, compiled):
+        layer.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = model(x)
+        y.float().square().mean().backward()
+        grads.append([p.grad.clone() for p in layer.parameters()])
+    for eager, traced in zip(*grads):
+        torch.testing.assert_close(traced, eager, rtol=2e-2, atol=1e-5)
