@@ -72,9 +72,7 @@ KOKKOS_INLINE_FUNCTION void team_load_cotangents(const Member& team, const stage
     team_load_rows(team, st.a, cot.dout, batch, tok0, head, count, e);
     team_load_rows(team, st.o, cot.o, batch, tok0, head, count, e);
   } else {
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count * e), [&](int64_t i) {
-      st.a[i] = cot.dnum.row(batch, tok0 + i / e, head)[i % e];
-    });
+    team_for_2d(team, count, e, [&](int64_t row, int64_t col) { st.a[row * e + col] = cot.dnum.row(batch, tok0 + row, head)[col]; });
   }
   Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count), [&](int64_t row) {
     const token_buffer& w = st.exact ? cot.r : cot.dden;

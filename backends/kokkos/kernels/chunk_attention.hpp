@@ -69,8 +69,8 @@ void launch_chunk_attention(const Space& space, tensor_ref q, tensor_ref k, tens
           });
         }
         team.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, want_y ? tq * e : 0), [&](int64_t i) {
-          y.set(y.at(batch, first + i0 + i / e, qh, i % e), ys[i]);
+        team_for_2d(team, want_y ? tq : 0, e, [&](int64_t row, int64_t col) {
+          y.set(y.at(batch, first + i0 + row, qh, col), ys[row * e + col]);
         });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
           const bool empty = mx[row] == -INFINITY;

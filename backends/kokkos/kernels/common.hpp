@@ -115,11 +115,6 @@ struct phi_row {
   int32_t idx[kMaxDegree];
   float coef;
 };
-KOKKOS_INLINE_FUNCTION float phi_value(const phi_row& row, int p, const float* x) {
-  float v = row.coef;
-  for (int k = 0; k < p; ++k) v *= x[row.idx[k]];
-  return v;
-}
 
 // grad += w J_phi(x)^T e_row: the gradient of w phi_row(x) with respect to x (phi_row a product of p
 // entries of x), in grad's precision.
@@ -170,27 +165,48 @@ struct gate_sums {
   }
 };
 
+// Whether a team of this member type runs on the host (its loops are a CPU's: division per element
+// is costly, vector units want contiguous inner loops) or on a GPU (every thread wants work).
+template <class Member>
+constexpr bool kOnHost = Kokkos::SpaceAccessibility<typename Member::execution_space, Kokkos::HostSpace>::accessible;
+
+// Calls f(row, col) for row < rows and col < cols, shared among the team's threads: on a GPU one flat
+// range over the pairs, on the host rows across the threads and a plain loop over the columns (there a
+// division per element cost as much as a tile product's multiply-adds: 19% of update_state at P1).
+template <class Member, class F>
+KOKKOS_INLINE_FUNCTION void team_for_2d(const Member& team, int64_t rows, int64_t cols, const F& f) {
+  if constexpr (kOnHost<Member>) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](int64_t row) {
+      for (int64_t col = 0; col < cols; ++col) f(row, col);
+    });
+  } else {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * cols), [&](int64_t i) { f(i / cols, i % cols); });
+  }
+}
+
 // acc [rows][cols] += a [rows][inner] (row stride lda) times b [inner][cols] (row stride cols): a tile
 // product in scratch, shared among the team's threads by pieces of kColumns columns of one row, whose
-// sums each thread keeps in registers over the inner loop (a host compiler vectorizes them).
+// sums each thread keeps in registers over the inner loop. On the host the compiler vectorizes the
+// piece: 16 columns are four independent SSE sums, 1.5x the speed of 8 (two, each waiting on its
+// previous add); GCC turned pieces of several rows into shuffles, 2-3x slower.
 template <class Member>
 KOKKOS_INLINE_FUNCTION void team_add_product(const Member& team, float* acc, const float* a, int64_t lda, const float* b,
                                              int64_t rows, int64_t inner, int64_t cols) {
-  constexpr int kColumns = 8;  // the sums s0 .. s7 below
+  constexpr int kColumns = 16;
   const int64_t pieces = (cols + kColumns - 1) / kColumns;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * pieces), [&](int64_t i) {
     const int64_t row = i / pieces, c0 = (i % pieces) * kColumns;
     float* out = acc + row * cols + c0;
     const float* ar = a + row * lda;
     if (c0 + kColumns <= cols) {
-      float s0 = out[0], s1 = out[1], s2 = out[2], s3 = out[3], s4 = out[4], s5 = out[5], s6 = out[6], s7 = out[7];
+      float sum[kColumns];
+      for (int c = 0; c < kColumns; ++c) sum[c] = out[c];
       for (int64_t k = 0; k < inner; ++k) {
         const float x = ar[k];
         const float* in = b + k * cols + c0;
-        s0 += x * in[0], s1 += x * in[1], s2 += x * in[2], s3 += x * in[3];
-        s4 += x * in[4], s5 += x * in[5], s6 += x * in[6], s7 += x * in[7];
+        for (int c = 0; c < kColumns; ++c) sum[c] += x * in[c];
       }
-      out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3, out[4] = s4, out[5] = s5, out[6] = s6, out[7] = s7;
+      for (int c = 0; c < kColumns; ++c) out[c] = sum[c];
     } else {
       for (int64_t col = 0; col < cols - c0; ++col) {
         float sum = out[col];
@@ -202,15 +218,35 @@ KOKKOS_INLINE_FUNCTION void team_add_product(const Member& team, float* acc, con
 }
 
 // ph[r * r_stride + j * j_stride] = phi_{r0 + r}(x_j) for rows r < rows and the tokens x [tokens][d]
-// in scratch: a tile of phi, never more of it.
+// in scratch: a tile of phi, never more of it. The degree is a template argument inside, so that each
+// entry's product is unrolled (with p read in the loop, it took a sixth of update_state on the host).
+template <int P, class Member>
+KOKKOS_INLINE_FUNCTION void team_phi_tile_of_degree(const Member& team, float* ph, int64_t r_stride, int64_t j_stride,
+                                                    const phi_row* table, int64_t r0, int64_t rows, const float* x,
+                                                    int64_t tokens, int64_t d) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](int64_t r) {
+    const phi_row row = table[r0 + r];
+    for (int64_t j = 0; j < tokens; ++j) {
+      const float* xj = x + j * d;
+      float v = row.coef;
+      for (int k = 0; k < P; ++k) v *= xj[row.idx[k]];
+      ph[r * r_stride + j * j_stride] = v;
+    }
+  });
+}
 template <class Member>
 KOKKOS_INLINE_FUNCTION void team_phi_tile(const Member& team, float* ph, int64_t r_stride, int64_t j_stride,
                                           const phi_row* table, int64_t r0, int64_t rows, int p, const float* x,
                                           int64_t tokens, int64_t d) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](int64_t r) {
-    const phi_row row = table[r0 + r];
-    for (int64_t j = 0; j < tokens; ++j) ph[r * r_stride + j * j_stride] = phi_value(row, p, x + j * d);
-  });
+  static_assert(kMaxDegree == 6, "team_phi_tile names each degree");
+  switch (p) {
+    case 1: return team_phi_tile_of_degree<1>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d);
+    case 2: return team_phi_tile_of_degree<2>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d);
+    case 3: return team_phi_tile_of_degree<3>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d);
+    case 4: return team_phi_tile_of_degree<4>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d);
+    case 5: return team_phi_tile_of_degree<5>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d);
+    default: return team_phi_tile_of_degree<6>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d);
+  }
 }
 
 // Stages rows tok0 .. tok0 + count - 1 of one head of a token tensor [b,t,heads,width] into scratch
@@ -218,8 +254,8 @@ KOKKOS_INLINE_FUNCTION void team_phi_tile(const Member& team, float* ph, int64_t
 template <class Member>
 KOKKOS_INLINE_FUNCTION void team_load_rows(const Member& team, float* dst, const tensor_ref& x, int64_t batch,
                                            int64_t tok0, int64_t head, int64_t count, int64_t width, float scale = 1.f) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, count * width), [&](int64_t i) {
-    dst[i] = scale * x.get(x.at(batch, tok0 + i / width, head, i % width));
+  team_for_2d(team, count, width, [&](int64_t row, int64_t col) {
+    dst[row * width + col] = scale * x.get(x.at(batch, tok0 + row, head, col));
   });
 }
 

@@ -45,9 +45,9 @@ void launch_key_gradients(const Space& space, tensor_ref k, tensor_ref v, gate_s
         float* c = w + kTokens;
         team_load_rows(team, ks, k, batch, key0, kv, tk, d);
         team_zero(team, dks, tk * d);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * E1), [&](int64_t i) {
-          vv[i] = i % E1 < e ? v.get(v.at(batch, key0 + i / E1, kv, i % E1)) : 1.f;
-          dvs[i] = 0.f;
+        team_for_2d(team, tk, E1, [&](int64_t key, int64_t col) {
+          vv[key * E1 + col] = col < e ? v.get(v.at(batch, key0 + key, kv, col)) : 1.f;
+          dvs[key * E1 + col] = 0.f;
         });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk), [&](int64_t key) {
           const int64_t j = j0 + key;  // keys before the chunk's last reset do not reach its end
@@ -57,9 +57,9 @@ void launch_key_gradients(const Space& space, tensor_ref k, tensor_ref v, gate_s
         for (int64_t r0 = 0; r0 < pb.D; r0 += kRows) {
           const int64_t rows = r0 + kRows < pb.D ? kRows : pb.D - r0;
           team.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * E1), [&](int64_t i) {
-            const int64_t r = r0 + i / E1, col = i % E1;
-            st[i] = col < e ? dS.get(dS.at(batch, m, kv, r, col)) : dz.present() ? dz.get(dz.at(batch, m, kv, r)) : 0.f;
+          team_for_2d(team, rows, E1, [&](int64_t row, int64_t col) {
+            const int64_t r = r0 + row;
+            st[row * E1 + col] = col < e ? dS.get(dS.at(batch, m, kv, r, col)) : dz.present() ? dz.get(dz.at(batch, m, kv, r)) : 0.f;
           });
           team_phi_tile(team, ph, 1, kRows, table, r0, rows, pb.p, ks, tk, d);
           team.team_barrier();
@@ -77,11 +77,9 @@ void launch_key_gradients(const Space& space, tensor_ref k, tensor_ref v, gate_s
           });
         }
         team.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * d), [&](int64_t i) {
-          out.dk.row(batch, key0 + i / d, kv)[i % d] += float(dks[i]);
-        });
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * e), [&](int64_t i) {
-          out.dv.row(batch, key0 + i / e, kv)[i % e] += w[i / e] * dvs[(i / e) * E1 + i % e];
+        team_for_2d(team, tk, d, [&](int64_t key, int64_t a) { out.dk.row(batch, key0 + key, kv)[a] += float(dks[key * d + a]); });
+        team_for_2d(team, tk, e, [&](int64_t key, int64_t col) {
+          out.dv.row(batch, key0 + key, kv)[col] += w[key] * dvs[key * E1 + col];
         });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk), [&](int64_t key) {
           if (out.c.present()) *out.c.row(batch, key0 + key, kv) = c[key];

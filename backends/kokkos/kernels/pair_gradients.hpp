@@ -80,8 +80,8 @@ void launch_pair_gradients(const Space& space, tensor_ref q, tensor_ref k, tenso
           });
         }
         team.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * d), [&](int64_t i) {
-          out.dq.row(batch, first + i0 + i / d, qh)[i % d] += scale * dqs[i];
+        team_for_2d(team, tq, d, [&](int64_t row, int64_t a) {
+          out.dq.row(batch, first + i0 + row, qh)[a] += scale * dqs[row * d + a];
         });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
           if (out.rows.present()) *out.rows.row(batch, first + i0 + row, qh) = rows[row];
@@ -133,11 +133,9 @@ void launch_pair_gradients(const Space& space, tensor_ref q, tensor_ref k, tenso
             });
           }
         team.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * d), [&](int64_t i) {
-          out.dk.row(batch, first + j0 + i / d, kv)[i % d] += dks[i];
-        });
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk * e), [&](int64_t i) {
-          out.dv.row(batch, first + j0 + i / e, kv)[i % e] += dvs[i];
+        team_for_2d(team, tk, d, [&](int64_t key, int64_t a) { out.dk.row(batch, first + j0 + key, kv)[a] += dks[key * d + a]; });
+        team_for_2d(team, tk, e, [&](int64_t key, int64_t col) {
+          out.dv.row(batch, first + j0 + key, kv)[col] += dvs[key * e + col];
         });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tk), [&](int64_t key) {
           if (out.cols.present()) *out.cols.row(batch, first + j0 + key, kv) = cols[key];

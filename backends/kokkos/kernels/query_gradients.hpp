@@ -66,10 +66,10 @@ void launch_query_gradients(const Space& space, tensor_ref q, tensor_ref S, tens
         });
         auto stage_rows = [&](int64_t r0, int64_t rows, bool z_only) {
           team.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * E1), [&](int64_t i) {
-            const int64_t r = r0 + i / E1, col = i % E1;
-            st[i] = col < e ? (z_only ? 0.f : S.get(S.at(batch, m, kv, r, col)))
-                            : z.present() ? z.get(z.at(batch, m, kv, r)) : 0.f;
+          team_for_2d(team, rows, E1, [&](int64_t row, int64_t col) {
+            const int64_t r = r0 + row;
+            st[row * E1 + col] = col < e ? (z_only ? 0.f : S.get(S.at(batch, m, kv, r, col)))
+                                         : z.present() ? z.get(z.at(batch, m, kv, r)) : 0.f;
           });
           team_phi_tile(team, ph, 1, kRows, table, r0, rows, pb.p, qs, tq, d);
           team.team_barrier();
@@ -123,8 +123,8 @@ void launch_query_gradients(const Space& space, tensor_ref q, tensor_ref S, tens
           });
         }
         team.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * d), [&](int64_t i) {
-          out.dq.row(batch, first + i / d, qh)[i % d] = float(pb.scale * dqs[i]);
+        team_for_2d(team, tq, d, [&](int64_t row, int64_t a) {
+          out.dq.row(batch, first + row, qh)[a] = float(pb.scale * dqs[row * d + a]);
         });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
           if (out.dG.present()) *out.dG.row(batch, first + row, qh) = dG[row];

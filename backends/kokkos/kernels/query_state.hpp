@@ -59,17 +59,17 @@ void launch_query_state(const Space& space, tensor_ref q, tensor_ref S, tensor_r
         for (int64_t r0 = 0; has_state && r0 < pb.D; r0 += kRows) {
           const int64_t rows = r0 + kRows < pb.D ? kRows : pb.D - r0;
           team.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * E1), [&](int64_t i) {
-            const int64_t r = r0 + i / E1, col = i % E1;
-            st[i] = col < e ? S.get(S.at(batch, m, kv, r, col)) : z.present() ? z.get(z.at(batch, m, kv, r)) : 0.f;
+          team_for_2d(team, rows, E1, [&](int64_t row, int64_t col) {
+            const int64_t r = r0 + row;
+            st[row * E1 + col] = col < e ? S.get(S.at(batch, m, kv, r, col)) : z.present() ? z.get(z.at(batch, m, kv, r)) : 0.f;
           });
           team_phi_tile(team, ph, 1, kRows, table, r0, rows, pb.p, qs, tq, d);
           team.team_barrier();
           team_add_product(team, acc, ph, kRows, st, tq, rows, E1);
         }
         team.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * e), [&](int64_t i) {
-          const int64_t row = i / e, col = i % e, tok = first + i0 + row;
+        team_for_2d(team, tq, e, [&](int64_t row, int64_t col) {
+          const int64_t tok = first + i0 + row;
           const bool has_intra = intra.y.present();
           const float y = has_intra ? intra.y.get(intra.y.at(batch, tok, qh, col)) : 0.f;
           const float l = has_intra && pb.normalize ? intra.l.get(intra.l.at(batch, tok, qh)) : 0.f;

@@ -69,10 +69,10 @@ void launch_state_sums(const Space& space, state_sum_source src, gate_sums g, co
             team_add_product(team, acc, ph, kTokens, wv, rows, tk, E1);
           }
         team.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * E1), [&](int64_t i) {
-          const int64_t r = r0 + i / E1, col = i % E1;
-          if (col < e) S.set(S.at(batch, m, kv, r, col), acc[i]);
-          else if (z.present()) z.set(z.at(batch, m, kv, r), acc[i]);
+        team_for_2d(team, rows, E1, [&](int64_t row, int64_t col) {
+          const float sum = acc[row * E1 + col];
+          if (col < e) S.set(S.at(batch, m, kv, r0 + row, col), sum);
+          else if (z.present()) z.set(z.at(batch, m, kv, r0 + row), sum);
         });
       });
 }
