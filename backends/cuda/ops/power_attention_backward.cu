@@ -63,7 +63,13 @@ std::string mma_power_attention_backward_declines(const expanse_op& op, const de
   std::string why = expanse_gpu::power_attention_backward_simple_declines(op, props);
   if (!why.empty()) return why;
   if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
-  if (pb.p != 2) return "p must be 2";
+  // Without states (one chunk, no initial state, no final state's cotangent) only the pairs remain,
+  // whose kernels take any p; the state terms' kernels are p = 2's quadratic forms.
+  const backward_plan plan = plan_backward(op);
+  if (pb.p != 2 && (plan.forward_states || plan.cotangent_states || plan.final_term))
+    return "p must be 2 where the backward has states (more than one chunk, an initial state or a final state's "
+           "cotangent)";
+  if (pb.p < 1 || pb.p > 4) return "p must be 1 to 4";
   if (pb.layout.kind != EXPANSE_LAYOUT_SYMPOW) return "the layout must be the symmetric one";
   if (pb.d != 64 || pb.e != 64) return "d and e must be 64";
   if (why.empty()) why = token_tensor_declines("q", a.q);
