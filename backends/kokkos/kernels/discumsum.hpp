@@ -1,6 +1,6 @@
 // discumsum (docs/spec.md, chunked algorithm 2): Y_0 = Y_init (0 when absent), Y_{m+1} = exp(A_m) Y_m
-// + X_m, one thread per (batch, head, element) walking the chunks in order. A_m = -inf (a reset in
-// chunk m) makes exp(A_m) exactly 0: Y_{m+1} is X_m alone.
+// + X_m, a thread per (batch, head, block of entries) walking the chunks in order. A_m = -inf (a
+// reset in chunk m) makes exp(A_m) exactly 0: Y_{m+1} is X_m alone.
 #pragma once
 
 #include <initializer_list>
@@ -60,20 +60,34 @@ inline state_ref state_of(const expanse_tensor* x, bool chunk_axis) {
 template <class Space>
 void launch_discumsum(const Space& space, state_ref X, tensor_ref A, state_ref init, state_ref entering,
                       state_ref final_state, int64_t b, int64_t n, int64_t h, int64_t elems, bool reverse = false) {
+  // A thread walks the chunks for kEntries entries of one (batch, head): on a GPU one entry (a
+  // thread each), on the host 64, so that each chunk's decay costs one exp per 64 entries (one per
+  // entry took 7-11% of power_attention on Serial).
+  constexpr int64_t kEntries = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible ? 64 : 1;
+  const int64_t blocks = (elems + kEntries - 1) / kEntries;
   Kokkos::parallel_for(
-      "expanse::discumsum", Kokkos::RangePolicy<Space>(space, 0, b * h * elems), KOKKOS_LAMBDA(const int64_t i) {
-        const int64_t elem = i % elems, head = (i / elems) % h, batch = i / (elems * h);
-        const int64_t x0 = X.offset(batch, 0, head, elem), y0 = entering.offset(batch, 0, head, elem);
+      "expanse::discumsum", Kokkos::RangePolicy<Space>(space, 0, b * h * blocks), KOKKOS_LAMBDA(const int64_t i) {
+        const int64_t blk = i % blocks, head = (i / blocks) % h, batch = i / (blocks * h);
+        const int64_t e0 = blk * kEntries, count = e0 + kEntries <= elems ? kEntries : elems - e0;
         const int64_t xs = X.chunk_stride(), ys = entering.chunk_stride();
-        float carry = init.t.present() ? init.t.get(init.offset(batch, 0, head, elem)) : 0.f;
+        int64_t x0[kEntries], y0[kEntries];
+        float carry[kEntries];
+        for (int64_t j = 0; j < count; ++j) {
+          x0[j] = X.offset(batch, 0, head, e0 + j);
+          y0[j] = entering.offset(batch, 0, head, e0 + j);
+          carry[j] = init.t.present() ? init.t.get(init.offset(batch, 0, head, e0 + j)) : 0.f;
+        }
         for (int64_t step = 0; step < n; ++step) {
           const int64_t m = reverse ? n - 1 - step : step;
-          const float x = X.t.get(x0 + m * xs);
-          entering.t.set(y0 + m * ys, carry);
           const float decay = A.present() ? math::exp(A.get(A.at(batch, m, head))) : 1.f;
-          carry = decay * carry + x;
+          for (int64_t j = 0; j < count; ++j) {
+            const float x = X.t.get(x0[j] + m * xs);  // read before its slot is written (X may be `entering`)
+            entering.t.set(y0[j] + m * ys, carry[j]);
+            carry[j] = decay * carry[j] + x;
+          }
         }
-        if (final_state.t.present()) final_state.t.set(final_state.offset(batch, n, head, elem), carry);
+        if (final_state.t.present())
+          for (int64_t j = 0; j < count; ++j) final_state.t.set(final_state.offset(batch, n, head, e0 + j), carry[j]);
       });
 }
 
