@@ -86,7 +86,11 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
   int* fk = reinterpret_cast<int*>(rd + kRows);              // first key of each query row
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-  const cta_coords at = decode_cta(P.key_tiles, P.h, P.n);
+  // Key blocks in order of their work, the longest first (block 0 of every chunk and head, then
+  // block 1, ...): a key block sees every query block at or after it.
+  const int64_t per_tile = gridDim.x / P.key_tiles;
+  cta_coords at = decode_cta(1, P.h, P.n, blockIdx.x % per_tile);
+  at.tile = int(blockIdx.x / per_tile);
   const int64_t kv = at.head, m = at.chunk, batch = at.batch, bh = batch * P.h + kv;
   const int64_t first = m * P.c, len = min(P.c, P.t - first);
   const int k0 = at.tile * kKeys;
@@ -219,8 +223,12 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
         float* out = P.dq + ((batch * P.t + first + row) * P.hq + qh) * DH;
 #pragma unroll
         for (int nt = 0; nt < DH / 8; ++nt) {
+#if __CUDA_ARCH__ >= 900  // one vector atomic for the two neighbours (sm_90's float2 atomicAdd)
+          atomicAdd(reinterpret_cast<float2*>(out + nt * 8 + 2 * tq), make_float2(dqa[nt][2 * hf], dqa[nt][2 * hf + 1]));
+#else
           atomicAdd(out + nt * 8 + 2 * tq, dqa[nt][2 * hf]);
           atomicAdd(out + nt * 8 + 2 * tq + 1, dqa[nt][2 * hf + 1]);
+#endif
         }
       }
       __syncthreads();  // before the next block overwrites qs, ds, bts
