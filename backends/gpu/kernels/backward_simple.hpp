@@ -50,6 +50,11 @@ struct backward_work {
 // chunk_attention), query_state's intra term in the denominator.
 struct backward_form {
   int pairs, intra;
+  // power_attention_backward, normalized: M_ij = dnum_i . v_j + dden_i taken as r_i dout_i . (v_j - o_i)
+  // from the inputs (w.rden, in.o), and the state's S_m dnum_i + z_m dden_i as r_i (S_m - z_m o_i^T)
+  // dout_i: both cancel, and for a query that sees one key the first is exactly 0 (with the rounded
+  // dnum and dden it was eps |dout| |v| / den_i, which a tiny denominator made dq's largest term).
+  int exact = 0;
 };
 
 // Stores v into element `off` of a f32, f16 or bf16 tensor.
@@ -224,20 +229,34 @@ template <class T>
 __global__ void query_gradients_kernel(backward_tensors in, backward_states st, backward_work w, gates g,
                                        const phi_entry* table, expanse_problem pb, backward_form form) {
   __shared__ float qs[kBackwardMaxDim], dnum[kBackwardMaxDim], acc[kBackwardMaxDim], scratch[kBackwardGroups + 1];
+  __shared__ float douts[kBackwardMaxDim], os[kBackwardMaxDim];  // form.exact: dout_i, o_i
   const int64_t qh = blockIdx.x % pb.hq, i = (blockIdx.x / pb.hq) % pb.t, batch = blockIdx.x / (pb.hq * pb.t);
   const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv, m = i / pb.c, row = blockIdx.x;
   for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) {
     qs[x] = float(pb.scale) * load<T>(in.q, off4(in.q, batch, i, qh, x));
     acc[x] = 0.f;
   }
-  for (int64_t y = threadIdx.x; y < pb.e; y += blockDim.x) dnum[y] = w.dnum[row * pb.e + y];
+  for (int64_t y = threadIdx.x; y < pb.e; y += blockDim.x) {
+    dnum[y] = w.dnum[row * pb.e + y];
+    if (form.exact) {
+      douts[y] = load<T>(in.dout, off4(in.dout, batch, i, qh, y));
+      os[y] = load<T>(in.o, off4(in.o, batch, i, qh, y));
+    }
+  }
   __syncthreads();
-  const float dden = w.dden[row];
+  const float dden = w.dden[row], rden = form.exact ? w.rden[row] : 0.f;
   if (st.S.data) {  // dphi_r = exp(Gc_i) (S_m[r] . dnum + z_m[r] dden)
     const float decay = expf(g.cum(bh, pb.t, i));
     for (int64_t r = threadIdx.x; decay != 0.f && r < pb.D; r += blockDim.x) {
-      float u = dot_with(dnum, pb.e, [&](int64_t y) { return loadf(st.S, off5(st.S, batch, m, kv, r, y)); });
-      if (st.z.data) u += loadf(st.z, off4(st.z, batch, m, kv, r)) * dden;
+      float u;
+      if (form.exact && st.z.data) {
+        const float zr = loadf(st.z, off4(st.z, batch, m, kv, r));
+        u = rden * dot_with(douts, pb.e,
+                            [&](int64_t y) { return loadf(st.S, off5(st.S, batch, m, kv, r, y)) - zr * os[y]; });
+      } else {
+        u = dot_with(dnum, pb.e, [&](int64_t y) { return loadf(st.S, off5(st.S, batch, m, kv, r, y)); });
+        if (st.z.data) u += loadf(st.z, off4(st.z, batch, m, kv, r)) * dden;
+      }
       if (u != 0.f) add_pullback(table[r], pb.p, qs, decay * u, acc);
     }
   }
@@ -245,8 +264,10 @@ __global__ void query_gradients_kernel(backward_tensors in, backward_states st, 
     const float ri = g.since_reset(bh, pb.t, i);
     for (int64_t j = m * pb.c + g.first_key(bh, pb.t, i) + threadIdx.x; j <= i; j += blockDim.x) {
       auto kj = [&](int64_t x) { return load<T>(in.k, off4(in.k, batch, j, kv, x)); };
+      auto vj = [&](int64_t y) { return load<T>(in.v, off4(in.v, batch, j, kv, y)); };
       const float dot = dot_with(qs, pb.d, kj);
-      const float mv = dot_with(dnum, pb.e, [&](int64_t y) { return load<T>(in.v, off4(in.v, batch, j, kv, y)); }) + dden;
+      const float mv = form.exact ? rden * dot_with(douts, pb.e, [&](int64_t y) { return vj(y) - os[y]; })
+                                  : dot_with(dnum, pb.e, vj) + dden;
       const float B = pb.p * ipowf(dot, pb.p - 1) * expf(ri - g.since_reset(bh, pb.t, j)) * mv;
       if (B != 0.f)
         for (int64_t x = 0; x < pb.d; ++x) atomicAdd(&acc[x], B * kj(x));
@@ -300,7 +321,14 @@ __global__ void key_gradients_kernel(backward_tensors in, backward_states st, ba
       const float dot = dot_with(kk, pb.d, qs);
       const float decay = expf(g.since_reset(bh, pb.t, i) - rj);
       const float* dn = w.dnum + row * pb.e;
-      const float mv = dot_with(vv, pb.e, [&](int64_t y) { return dn[y]; }) + w.dden[row];
+      float mv = 0.f;
+      if (form.exact) {
+        for (int64_t y = 0; y < pb.e; ++y)
+          mv += load<T>(in.dout, off4(in.dout, batch, i, qh, y)) * (vv[y] - load<T>(in.o, off4(in.o, batch, i, qh, y)));
+        mv *= w.rden[row];
+      } else {
+        mv = dot_with(vv, pb.e, [&](int64_t y) { return dn[y]; }) + w.dden[row];
+      }
       const float A = ipowf(dot, pb.p) * decay, B = pb.p * ipowf(dot, pb.p - 1) * decay * mv;
       if (A != 0.f)
         for (int64_t y = 0; y < pb.e; ++y) atomicAdd(&accv[y], A * dn[y]);

@@ -134,7 +134,7 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
   shared.phi = make_phi_tables(pb, lc);
   shared.g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   const int64_t tokens = pb.b * pb.t, states = pb.b * pb.n * pb.h * pb.D;
-  const backward_work w = take_backward_work(pb, false, lc.ws);
+  const backward_work w = take_backward_work(pb, pb.normalize != 0, lc.ws);
   const forward_sweep fw = recompute_forward_states(op, plan, shared, lc);
   backward_states st{};
   take_cotangent_states(op, plan, lc.ws, st);
@@ -143,7 +143,7 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
   if (lc.ws.sizing()) return;
 
   const backward_tensors in{*a.q, *a.k, *a.v, tensor_or_empty(a.o), *a.dout, {}, {}, *a.dq, *a.dk, *a.dv};
-  const backward_form form{1, 0};  // the causal pairs, no intra term
+  const backward_form form{1, 0, pb.normalize ? 1 : 0};  // the causal pairs, no intra term; M from dout, o
   const phi_entry* table = shared.phi.rows;
   const gates& g = shared.g;
   const unsigned query_blocks = unsigned(tokens * pb.hq), key_blocks = unsigned(tokens * pb.h);
