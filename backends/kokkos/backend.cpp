@@ -170,9 +170,13 @@ expanse_status synchronize(int32_t device, void* stream, char* err, size_t err_l
 // 2.5 (d + e + 40) multiply-adds of the state's tile products do. Measured on the Serial space
 // (one core): P1 bf16 quadratic 0.40 s and c = 128 0.60 s at t = 1024, 1.60 s and 1.18 s at t = 2048
 // (the model's crossover: t = 1395); the README demo (d = e = 32, t = 512) 29.8 ms and 27.5 ms
-// (crossover 388).
+// (crossover 388). On a GPU space the team kernels' pairs cost far more against the state products:
+// on an H100 (Kokkos 4.6.1, Cuda, P1) the quadratic form lost at every length measured (t = 512:
+// 5.31 ms against 4.73 at c = 256; t = 1024: 10.8 against 4.7 at c = 128), and c = 128 was the best
+// chunk at t = 4096 and 16384 (13.6 and 44.7 ms; 64: 13.7 and 48.4; 256: 15.2 and 50.0).
 int64_t choose_chunk_size(const expanse_problem* pb) {
   constexpr int64_t kChunk = 128;
+  if (kDeviceType != EXPANSE_DEVICE_CPU) return kChunk;
   const double r = pb->h > 0 ? double(pb->hq) / double(pb->h) : 1.0;
   const double state = double(pb->D) * double(pb->e) * (1.0 + 1.0 / r);
   const double key = 2.5 * double(pb->d + pb->e + 40);

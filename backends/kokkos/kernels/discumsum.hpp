@@ -70,8 +70,8 @@ void launch_discumsum(const Space& space, state_ref X, tensor_ref A, state_ref i
         const int64_t blk = i % blocks, head = (i / blocks) % h, batch = i / (blocks * h);
         const int64_t e0 = blk * kEntries, count = e0 + kEntries <= elems ? kEntries : elems - e0;
         const int64_t xs = X.chunk_stride(), ys = entering.chunk_stride();
-        int64_t x0[kEntries], y0[kEntries];
-        float carry[kEntries];
+        int64_t x0[kEntries] = {}, y0[kEntries] = {};
+        float carry[kEntries] = {};
         for (int64_t j = 0; j < count; ++j) {
           x0[j] = X.offset(batch, 0, head, e0 + j);
           y0[j] = entering.offset(batch, 0, head, e0 + j);
