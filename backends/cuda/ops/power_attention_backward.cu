@@ -69,7 +69,6 @@ std::string mma_power_attention_backward_declines(const expanse_op& op, const de
   if (pb.p != 2 && (plan.forward_states || plan.cotangent_states || plan.final_term))
     return "p must be 2 where the backward has states (more than one chunk, an initial state or a final state's "
            "cotangent)";
-  if (pb.p < 1 || pb.p > 4) return "p must be 1 to 4";
   if (pb.layout.kind != EXPANSE_LAYOUT_SYMPOW) return "the layout must be the symmetric one";
   if (pb.d != 64 || pb.e != 64) return "d and e must be 64";
   if (why.empty()) why = token_tensor_declines("q", a.q);

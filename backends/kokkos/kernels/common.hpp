@@ -165,10 +165,13 @@ struct gate_sums {
   }
 };
 
-// Whether a team of this member type runs on the host (its loops are a CPU's: division per element
-// is costly, vector units want contiguous inner loops) or on a GPU (every thread wants work).
+// Whether an execution space runs on the host (its loops are a CPU's: division per element is
+// costly, vector units want contiguous inner loops) or on a GPU (every thread wants work), and
+// whether a team of this member type does.
+template <class Space>
+constexpr bool kHostSpace = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible;
 template <class Member>
-constexpr bool kOnHost = Kokkos::SpaceAccessibility<typename Member::execution_space, Kokkos::HostSpace>::accessible;
+constexpr bool kOnHost = kHostSpace<typename Member::execution_space>;
 
 // Calls f(row, col) for row < rows and col < cols, shared among the team's threads: on a GPU one flat
 // range over the pairs, on the host rows across the threads and a plain loop over the columns (there a

@@ -63,7 +63,7 @@ void launch_discumsum(const Space& space, state_ref X, tensor_ref A, state_ref i
   // A thread walks the chunks for kEntries entries of one (batch, head): on a GPU one entry (a
   // thread each), on the host 64, so that each chunk's decay costs one exp per 64 entries (one per
   // entry took 7-11% of power_attention on Serial).
-  constexpr int64_t kEntries = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible ? 64 : 1;
+  constexpr int64_t kEntries = kHostSpace<Space> ? 64 : 1;
   const int64_t blocks = (elems + kEntries - 1) / kEntries;
   Kokkos::parallel_for(
       "expanse::discumsum", Kokkos::RangePolicy<Space>(space, 0, b * h * blocks), KOKKOS_LAMBDA(const int64_t i) {
