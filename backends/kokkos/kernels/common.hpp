@@ -110,11 +110,20 @@ struct tensor_ref {
   }
 };
 
-// One entry of phi: coef * x[idx[0]] * ... * x[idx[p-1]] (docs/spec.md, every layout).
+// One entry of phi: coef * x[idx[0]] * ... * x[idx[p-1]] (docs/spec.md, every layout). coef (a square
+// root of a multinomial count) in f64 for the sums that must be exact to f32 (query_gradients.hpp).
 struct phi_row {
   int32_t idx[kMaxDegree];
-  float coef;
+  double coef;
 };
+
+// phi_row(x) in G's precision.
+template <class G, class X>
+KOKKOS_INLINE_FUNCTION G phi_entry(const phi_row& row, int p, const X* x) {
+  G v = G(row.coef);
+  for (int k = 0; k < p; ++k) v *= G(x[row.idx[k]]);
+  return v;
+}
 
 // grad += w J_phi(x)^T e_row: the gradient of w phi_row(x) with respect to x (phi_row a product of p
 // entries of x), in grad's precision.

@@ -5,8 +5,9 @@
 //   dnum_i = dout_i, dden_i = 0)
 //   dPhi_i = exp(Gc_i) (S_m dnum_i + z_m dden_i),  dq_i = scale J_phi(scale q_i)^T dPhi_i,
 //   dG_i = phi(scale q_i) . dPhi_i      (the query's term of the gates' gradient)
-// A team per (batch, query head, chunk, block of kTokens queries) takes the rows of phi in tiles of
-// kRows: once for the denominators (normalized), once for dPhi, whose tile it pulls back at once.
+// A team per (batch, query head, chunk, block of kTokens queries) sums the denominators' state part
+// over phi's rows in f64 (normalized), then takes the rows in tiles of kRows for dPhi, whose tile it
+// pulls back at once.
 // As in query_state, exp(Gc_i) and exp(rowmax_i) are scaled by exp(-max(Gc_i, rowmax_i)) first.
 #pragma once
 
@@ -51,6 +52,24 @@ void launch_query_gradients(const Space& space, tensor_ref q, tensor_ref S, tens
         float* factor = dphi + kTokens * kRows;  // exp(Gc_i) / den_i (normalized; else exp(Gc_i))
         float* dG = factor + kTokens;
         team_load_rows(team, qs, q, batch, first, qh, tq, d, float(pb.scale));
+        const bool has_state = S.present();  // none in the quadratic form without states
+        if (pb.normalize && has_state) {
+          // The state's part of den_i, phi(scale q_i) . z_m, all in f64 from the unscaled q_i (in dqs
+          // until the pullbacks): z_m's entries have both signs, and for a query nearly orthogonal to
+          // the keys behind z_m the sum cancels (by 1e4 on a case of the table, where f32 phi entries
+          // and coefficients left dq and dinitial_S 1e-4 off, tolerance 1e-5).
+          team_for_2d(team, tq, d, [&](int64_t row, int64_t a) { dqs[row * d + a] = q.get(q.at(batch, first + row, qh, a)); });
+          team.team_barrier();
+          double scale_p = 1.0;
+          for (int k = 0; k < pb.p; ++k) scale_p *= pb.scale;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
+            double sum = 0.0;
+            for (int64_t r = 0; r < pb.D; ++r)
+              sum += phi_entry<double>(table[r], pb.p, dqs + row * d) * z.get(z.at(batch, m, kv, r));
+            factor[row] = float(scale_p * sum);
+          });
+          team.team_barrier();
+        }
         team_zero(team, dqs, tq * d);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
           double dot = 0.0;  // -(dout . o) multiplies z in dPhi, where S dout nearly cancels it: summed in f64
@@ -61,31 +80,18 @@ void launch_query_gradients(const Space& space, tensor_ref q, tensor_ref S, tens
           }
           dout_o[row] = -dot;
           cot[row * E1 + e] = float(-dot);
-          factor[row] = 0.f;  // the state's part of den_i, first
+          if (!(pb.normalize && has_state)) factor[row] = 0.f;
           dG[row] = 0.f;
         });
-        auto stage_rows = [&](int64_t r0, int64_t rows, bool z_only) {
+        auto stage_rows = [&](int64_t r0, int64_t rows) {
           team.team_barrier();
           team_for_2d(team, rows, E1, [&](int64_t row, int64_t col) {
             const int64_t r = r0 + row;
-            st[row * E1 + col] = col < e ? (z_only ? 0.f : S.get(S.at(batch, m, kv, r, col)))
-                                         : z.present() ? z.get(z.at(batch, m, kv, r)) : 0.f;
+            st[row * E1 + col] = col < e ? S.get(S.at(batch, m, kv, r, col)) : z.present() ? z.get(z.at(batch, m, kv, r)) : 0.f;
           });
           team_phi_tile(team, ph, 1, kRows, table, r0, rows, pb.p, qs, tq, d);
           team.team_barrier();
         };
-        const bool has_state = S.present();  // none in the quadratic form without states
-        if (pb.normalize && has_state) {  // phi(scale q_i) . z_m
-          for (int64_t r0 = 0; r0 < pb.D; r0 += kRows) {
-            const int64_t rows = r0 + kRows < pb.D ? kRows : pb.D - r0;
-            stage_rows(r0, rows, true);
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
-              double sum = 0.0;
-              for (int64_t r = 0; r < rows; ++r) sum += ph[row * kRows + r] * st[r * E1 + e];
-              factor[row] += sum;
-            });
-          }
-        }
         team.team_barrier();
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq), [&](int64_t row) {
           const int64_t tok = first + row;
@@ -108,11 +114,12 @@ void launch_query_gradients(const Space& space, tensor_ref q, tensor_ref S, tens
         });
         for (int64_t r0 = 0; has_state && r0 < pb.D; r0 += kRows) {
           const int64_t rows = r0 + kRows < pb.D ? kRows : pb.D - r0;
-          stage_rows(r0, rows, false);
+          stage_rows(r0, rows);
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tq * rows), [&](int64_t i) {
             const int64_t row = i / rows, r = i % rows;
+            // S_m dout_i nearly cancels z_m (dout_i . o_i) where the state dominates o_i: products in f64
             double sum = 0.0;
-            for (int64_t col = 0; col < e; ++col) sum += cot[row * E1 + col] * st[r * E1 + col];
+            for (int64_t col = 0; col < e; ++col) sum += double(cot[row * E1 + col]) * st[r * E1 + col];
             sum += dout_o[row] * st[r * E1 + e];
             dphi[row * kRows + r] = factor[row] * sum;
           });

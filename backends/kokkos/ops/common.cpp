@@ -9,16 +9,17 @@
 namespace expanse_kokkos {
 namespace {
 
-// sqrt(p! / prod_k hist_k!) of a non-decreasing multi-index.
-float symmetric_coef(const std::vector<int32_t>& idx) {
-  double v = std::tgamma(double(idx.size()) + 1.0);
+// sqrt(p! / prod_k hist_k!) of a non-decreasing multi-index, the count in integers (exact).
+double symmetric_coef(const std::vector<int32_t>& idx) {
+  int64_t count = 1;
+  for (size_t i = 0; i < idx.size(); ++i) count *= int64_t(i + 1);
   for (size_t i = 0; i < idx.size();) {
     size_t j = i;
     while (j < idx.size() && idx[j] == idx[i]) ++j;
-    v /= std::tgamma(double(j - i) + 1.0);
+    for (size_t k = 2; k <= j - i; ++k) count /= int64_t(k);
     i = j;
   }
-  return float(std::sqrt(v));
+  return std::sqrt(double(count));
 }
 
 // Calls f(idx) for each multi-index of length p over [0, n) in lexicographic order (only the
@@ -39,7 +40,7 @@ void each_index(int p, int64_t n, bool nondecreasing, F&& f) {
 // docs/spec.md's three layouts, entry by entry.
 std::vector<phi_row> phi_rows(int p, int64_t d, expanse_layout layout) {
   std::vector<phi_row> rows;
-  auto add = [&](const std::vector<int32_t>& idx, float coef) {
+  auto add = [&](const std::vector<int32_t>& idx, double coef) {
     phi_row row{};
     for (int k = 0; k < p; ++k) row.idx[k] = idx[size_t(k)];
     row.coef = coef;
@@ -48,7 +49,7 @@ std::vector<phi_row> phi_rows(int p, int64_t d, expanse_layout layout) {
   if (layout.kind == EXPANSE_LAYOUT_TILED) {
     const int64_t dt = layout.d_tile;
     each_index(p, d / dt, true, [&](const std::vector<int32_t>& tiles) {
-      const float coef = symmetric_coef(tiles);
+      const double coef = symmetric_coef(tiles);
       each_index(p, dt, false, [&](const std::vector<int32_t>& local) {
         std::vector<int32_t> idx(tiles.size());
         for (int k = 0; k < p; ++k) idx[size_t(k)] = int32_t(tiles[size_t(k)] * dt + local[size_t(k)]);
@@ -56,7 +57,7 @@ std::vector<phi_row> phi_rows(int p, int64_t d, expanse_layout layout) {
       });
     });
   } else if (layout.kind == EXPANSE_LAYOUT_TENSOR) {
-    each_index(p, d, false, [&](const std::vector<int32_t>& idx) { add(idx, 1.f); });
+    each_index(p, d, false, [&](const std::vector<int32_t>& idx) { add(idx, 1.0); });
   } else {
     each_index(p, d, true, [&](const std::vector<int32_t>& idx) { add(idx, symmetric_coef(idx)); });
   }
