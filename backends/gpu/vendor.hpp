@@ -33,6 +33,7 @@ __device__ __forceinline__ float bf16_to_f32(bfloat16_t x) { return static_cast<
 __device__ __forceinline__ bfloat16_t f32_to_bf16(float x) { return bfloat16_t(x); }  // rounds to nearest even
 // x from the lane `lane ^ mask` of the same lane group (a wavefront holds two groups).
 __device__ __forceinline__ float shfl_xor_group(float x, int mask) { return __shfl_xor(x, mask, 32); }
+__device__ __forceinline__ double shfl_xor_group(double x, int mask) { return __shfl_xor(x, mask, 32); }
 #else
 using stream_t = cudaStream_t;
 using error_t = cudaError_t;
@@ -47,6 +48,7 @@ __device__ __forceinline__ float bf16_to_f32(bfloat16_t x) { return __bfloat162f
 __device__ __forceinline__ bfloat16_t f32_to_bf16(float x) { return __float2bfloat16_rn(x); }
 // x from the lane `lane ^ mask` of the same lane group (a warp); all 32 lanes take part.
 __device__ __forceinline__ float shfl_xor_group(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
+__device__ __forceinline__ double shfl_xor_group(double x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
 #endif
 
 // The lanes that cooperate on one row in the shared kernels (a shuffle reduction, a split of the

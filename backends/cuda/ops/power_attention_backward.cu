@@ -4,7 +4,7 @@
 //   1. the forward sweep (update_state with its operands split into b16 hi + lo, as the state terms
 //      cancel; discumsum through the list) -> S_m, z_m entering each chunk
 //   2. normalized: chunk_attention (list) -> l, rowmax, the intra part of each query's denominator
-//   3. dnum_i = dout_i / den_i, dden_i, 1 / den_i per query (gpu/kernels/backward_simple.hpp)
+//   3. 1 / den_i, dden_i and the weighted dout_i per query (gpu/kernels/backward_chunked.hpp)
 //   4. the intra-chunk pairs: f32 sums of dq, dk, dv and of A_ij M_ij by query and by key
 //      (kernels/sm80/flash_chunk_attention_backward.cuh)
 //   5. the state cotangents: update_state (list) of q against exp(Gc_i) scale^p dnum_i and a feature
@@ -100,7 +100,8 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
     return step;
   };
 
-  backward_work w = take_backward_work(pb, pb.normalize != 0, lc.ws);
+  // dnum itself is not needed: the pairs and the pullback take dout and 1 / den.
+  backward_work w = take_backward_work(pb, pb.normalize != 0, false, lc.ws);
   // The f32 sums: the pairs' (dq, dk, dv, and A M by query and by key) and the state terms'.
   float* sum_q = lc.ws.take<float>(size_t(qrows * pb.d));
   float* sum_k = lc.ws.take<float>(size_t(krows * pb.d));
@@ -130,28 +131,15 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
   // 3. The queries' cotangents, and the values of the query-side state cotangents.
   const float scale = float(pb.scale), scale_p = float(std::pow(pb.scale, pb.p));
   void* weighted = plan.cotangent_states ? lc.ws.take<unsigned char>(size_t(qrows * pb.e) * 2) : nullptr;
-  const backward_tensors in{*a.q, *a.k, *a.v, tensor_or_empty(a.o), *a.dout, l, rowmax, *a.dq, *a.dk, *a.dv};
-  float* den_state = pb.normalize && st.z.data ? lc.ws.take<float>(size_t(qrows)) : nullptr;
-  w.den_state = den_state;
   if (!sizing && qrows > 0) {
-    const backward_form form{0, pb.normalize ? 1 : 0};  // the denominators' pairs come from l, rowmax
+    const int tiles = int((std::min(pb.c, pb.t) + kCotangentTokens - 1) / kCotangentTokens);
     with_b16_type(pb.input_dtype, [&](auto tag) {
       using T = decltype(tag);
-      if (den_state) {
-        const int tiles = int((std::min(pb.c, pb.t) + kDenTokens - 1) / kDenTokens);
-        state_denominators_kernel<T><<<unsigned(int64_t(tiles) * pb.n * pb.hq * pb.b), kQuadThreads, 0, lc.stream>>>(
-            *a.q, static_cast<const float*>(st.z.data), shared.g, pb, scale_p, tiles, den_state);
-        check_launch("mma power_attention_backward state denominators");
-      }
-      backward_cotangents_kernel<T><<<unsigned(qrows), kBackwardThreads, 0, lc.stream>>>(in, st, w, shared.g,
-                                                                                      shared.phi.rows, pb, form);
-      check_launch("mma power_attention_backward cotangents");
-      if (weighted) {
-        query_cotangent_operands_kernel<T><<<grid_for(qrows * pb.e, 256), 256, 0, lc.stream>>>(
-            w.dnum, shared.g, pb, scale_p, static_cast<T*>(weighted));
-        check_launch("mma power_attention_backward weighted dnum");
-      }
+      query_cotangents_kernel<T><<<unsigned(int64_t(tiles) * pb.n * pb.hq * pb.b), kCotangentTokens, 0, lc.stream>>>(
+          *a.q, *a.dout, tensor_or_empty(a.o), l, rowmax, pb.normalize ? static_cast<const float*>(st.z.data) : nullptr,
+          shared.g, pb, scale_p, tiles, w.rden, w.dden, static_cast<T*>(weighted));
     });
+    check_launch("mma power_attention_backward query cotangents");
   }
 
   // 4. The intra-chunk pairs.

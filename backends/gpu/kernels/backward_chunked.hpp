@@ -1,31 +1,21 @@
 // The element-wise and per-chunk kernels that the chunked tensor-core power_attention_backward (CUDA
 // backend) runs between its matrix products, vendor-neutral:
-//   query_cotangent_operands_kernel  exp(Gc_i) scale^p dnum_i in the input dtype: the values of the
-//                                    query-side state cotangents (update_state's)
+//   query_cotangents_kernel          each query's denominator, 1 / den_i, dden_i, and exp(Gc_i) scale^p
+//                                    dnum_i in the input dtype: the values of the query-side state
+//                                    cotangents (update_state's)
 //   weighted_features_kernel         sum_{i in m} exp(Gc_i) scale^p dden_i phi(q_i): their z part
-//   state_denominators_kernel        exp(Gc_i) phi(scale q_i)^T z_m: the state's part of each denominator
 #pragma once
 
 #include "gpu/kernels/backward_simple.hpp"
 
 namespace expanse_gpu {
 
-// One thread per element of dnum [b,t,hq,e] (f32, contiguous).
-template <class T>
-__global__ void query_cotangent_operands_kernel(const float* dnum, gates g, expanse_problem pb, float scale_p, T* weighted) {
-  EXPANSE_GRID_LOOP(idx, pb.b * pb.t * pb.hq * pb.e) {
-    const int64_t row = idx / pb.e, qh = row % pb.hq, i = (row / pb.hq) % pb.t, batch = row / (pb.hq * pb.t);
-    const int64_t bh = batch * pb.h + qh / (pb.hq / pb.h);
-    weighted[idx] = from_f32<T>(dnum[idx] * scale_p * expf(g.cum(bh, pb.t, i)));
-  }
-}
-
 // For p = 2 in the symmetric layout a feature sum is a quadratic form: phi_(a,b)(x) = c_ab x_a x_b
 // (c_ab = sqrt 2 for a < b, 1 on the diagonal; row a d - a (a - 1) / 2 + b - a), so
 //   sum_i w_i phi(x_i) = the upper triangle of X^T diag(w) X, scaled by c_ab, and
 //   phi(x)^T z = x^T Z x with Z_ab = Z_ba = c_ab z_(a,b) / 2 off the diagonal.
 // Both kernels take d = 64 (kQuadDim) and go through the 64 x 64 matrix, not the D table rows.
-constexpr int kQuadDim = 64, kQuadThreads = 256, kQuadTokens = 32, kDenTokens = 64;
+constexpr int kQuadDim = 64, kQuadThreads = 256, kQuadTokens = 32, kCotangentTokens = 128;
 
 // out [b,n,hq,D] (f32, contiguous) = sum_{i in m} exp(Gc_i) scale^p dden_i phi(q_i): one block per (chunk,
 // query head, batch); each thread sums a 4 x 4 tile of q^T diag(w) q over the chunk's tokens, staged
@@ -66,40 +56,84 @@ __global__ void __launch_bounds__(kQuadThreads) weighted_features_kernel(expanse
     }
 }
 
-// den_state [b,t,hq] = exp(Gc_i) phi(scale q_i)^T z_m (z [b,n,h,D] f32, contiguous): one block per
-// (kDenTokens tokens of one chunk, query head, batch); Z in shared memory, 4 threads per token.
+// 8 consecutive elements of a b16 row (16-byte aligned) as floats.
 template <class T>
-__global__ void __launch_bounds__(kQuadThreads) state_denominators_kernel(expanse_tensor q, const float* z, gates g,
-                                                                          expanse_problem pb, float scale_p, int tiles,
-                                                                          float* den_state) {
-  __shared__ float zs[kQuadDim][kQuadDim + 1];
-  __shared__ float qs[kDenTokens][kQuadDim + 1];
+__device__ __forceinline__ void load8(const T* src, float (&out)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(src);
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = to_f32(e[j]);
+}
+
+// The queries' cotangents, one thread per token, one block per (kCotangentTokens tokens of one chunk,
+// query head, batch); q and dout with a contiguous last dim and 16-byte aligned rows (d = e = 64):
+//   den_i = exp(Gc_i) phi(scale q_i)^T z_m + l_i exp(rowmax_i)   (normalized; z_m [b,n,h,D] f32, null
+//           without forward states; l, rowmax: chunk_attention's), else 1
+//   rden_i = 1 / den_i, dden_i = -rden_i dout_i . o_i   (0 where den_i = 0; unnormalized dden_i = 0)
+//   weighted_i = exp(Gc_i) scale^p rden_i dout_i in T, contiguous [b,t,hq,e] (null: not wanted)
+// phi(scale q)^T z_m is scale^p q^T Z q (weighted_features_kernel's quadratic form), Z in shared memory,
+// read by every thread at once (a broadcast) against its q in registers. One kernel where there were
+// three (the state's denominators, a block per token for the cotangents, the weighted values): 2.2 ms
+// at P1 t = 65536 on an H100.
+template <class T>
+__global__ void __launch_bounds__(kCotangentTokens)
+    query_cotangents_kernel(expanse_tensor q, expanse_tensor dout, expanse_tensor o, expanse_tensor l, expanse_tensor rowmax,
+                            const float* z, gates g, expanse_problem pb, float scale_p, int tiles, float* rden, float* dden,
+                            T* weighted) {
+  __shared__ __align__(16) float zs[kQuadDim][kQuadDim];
   const int tile = int(blockIdx.x % tiles);
   const int64_t rest = blockIdx.x / tiles, qh = rest % pb.hq, m = (rest / pb.hq) % pb.n, batch = rest / (pb.hq * pb.n);
-  const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv, first = m * pb.c + int64_t(tile) * kDenTokens;
-  const int64_t len = min(int64_t(kDenTokens), min(pb.c - int64_t(tile) * kDenTokens, pb.t - first));
+  const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv, first = m * pb.c + int64_t(tile) * kCotangentTokens;
+  const int64_t len = min(int64_t(kCotangentTokens), min(pb.c - int64_t(tile) * kCotangentTokens, pb.t - first));
   if (len <= 0) return;
-  const float* zm = z + ((batch * pb.n + m) * pb.h + kv) * pb.D;
-  for (int x = threadIdx.x; x < kQuadDim * kQuadDim; x += blockDim.x) {
-    const int a = x / kQuadDim, b = x % kQuadDim;
-    zs[a][b] = (a == b ? 1.f : 0.5f) * sympow2_coef(a, b) * zm[sympow2_row(kQuadDim, min(a, b), max(a, b))];
-  }
-  for (int x = threadIdx.x; x < kDenTokens * kQuadDim; x += blockDim.x) {
-    const int s = x / kQuadDim, col = x % kQuadDim;
-    qs[s][col] = s < len ? load<T>(q, off4(q, batch, first + s, qh, col)) : 0.f;
+  const bool with_state = pb.normalize && z;
+  if (with_state) {
+    const float* zm = z + ((batch * pb.n + m) * pb.h + kv) * pb.D;
+    for (int x = threadIdx.x; x < kQuadDim * kQuadDim; x += blockDim.x) {
+      const int a = x / kQuadDim, b = x % kQuadDim;
+      zs[a][b] = (a == b ? 1.f : 0.5f) * sympow2_coef(a, b) * zm[sympow2_row(kQuadDim, min(a, b), max(a, b))];
+    }
   }
   __syncthreads();
-  const int s = threadIdx.x / 4, part = threadIdx.x % 4;  // 4 threads per token, 16 rows a each
-  float sum = 0.f;
-  for (int a = part * 16; a < part * 16 + 16; ++a) {
-    float row = 0.f;
-    for (int b = 0; b < kQuadDim; ++b) row = fmaf(zs[a][b], qs[s][b], row);
-    sum = fmaf(qs[s][a], row, sum);
+  if (threadIdx.x >= len) return;
+  const int64_t i = first + threadIdx.x, row = (batch * pb.t + i) * pb.hq + qh;
+  const T* dout_row = static_cast<const T*>(dout.data) + off4(dout, batch, i, qh, 0);
+  const float decay = expf(g.cum(bh, pb.t, i));
+  float den = 1.f, od = 0.f;
+  if (pb.normalize) {
+    float quad = 0.f;
+    if (with_state) {
+      float qv[kQuadDim];
+      const T* q_row = static_cast<const T*>(q.data) + off4(q, batch, i, qh, 0);
+#pragma unroll
+      for (int c8 = 0; c8 < kQuadDim / 8; ++c8) load8(q_row + 8 * c8, reinterpret_cast<float(&)[8]>(qv[8 * c8]));
+#pragma unroll
+      for (int a = 0; a < kQuadDim; ++a) {
+        float zq = 0.f;
+#pragma unroll
+        for (int b4 = 0; b4 < kQuadDim / 4; ++b4) {
+          const float4 zz = *reinterpret_cast<const float4*>(&zs[a][4 * b4]);
+          zq = fmaf(zz.x, qv[4 * b4], fmaf(zz.y, qv[4 * b4 + 1], fmaf(zz.z, qv[4 * b4 + 2], fmaf(zz.w, qv[4 * b4 + 3], zq))));
+        }
+        quad = fmaf(qv[a], zq, quad);
+      }
+    }
+    for (int y = 0; y < pb.e; ++y) od += to_f32(dout_row[y]) * load<T>(o, off4(o, batch, i, qh, y));
+    den = scale_p * decay * quad + loadf(l, off3(l, batch, i, qh)) * expf(loadf(rowmax, off3(rowmax, batch, i, qh)));
   }
-  for (int o = 2; o > 0; o >>= 1) sum += shfl_xor_group(sum, o);
-  if (part == 0 && s < len) {
-    const int64_t i = first + s;
-    den_state[(batch * pb.t + i) * pb.hq + qh] = scale_p * expf(g.cum(bh, pb.t, i)) * sum;
+  const float r = den == 0.f ? 0.f : 1.f / den;
+  dden[row] = pb.normalize && den != 0.f ? -od / den : 0.f;
+  if (rden) rden[row] = r;
+  if (!weighted) return;
+  const float f = r * scale_p * decay;
+  for (int c8 = 0; c8 < pb.e / 8; ++c8) {
+    float x[8];
+    load8(dout_row + 8 * c8, x);
+    uint4 out;
+    T* ov = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ov[j] = from_f32<T>(x[j] * f);
+    *reinterpret_cast<uint4*>(weighted + row * pb.e + 8 * c8) = out;
   }
 }
 

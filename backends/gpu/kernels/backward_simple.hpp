@@ -40,10 +40,9 @@ struct backward_states {
 
 // Workspace arrays, f32 and contiguous.
 struct backward_work {
-  float *dnum, *dden;  // [b,t,hq,e], [b,t,hq]: the cotangents of each query's numerator, denominator
+  float *dnum, *dden;  // [b,t,hq,e] (null where not wanted), [b,t,hq]: the cotangents of each query's numerator, denominator
   float *qdq, *kdk;    // [b,t,hq], [b,t,h]: q . dq and k . dk
   float* rden;         // [b,t,hq]: 1 / den_i (0 where den_i = 0), where wanted (else null)
-  const float* den_state;  // [b,t,hq]: the state's part of den_i, computed before (null: from st.z)
 };
 
 // What a backward takes into account: the causal pairs inside the chunks (power_attention,
@@ -65,12 +64,13 @@ __device__ __forceinline__ void store_any(const expanse_tensor& t, int64_t off, 
 }
 
 // The sum of v over the block (every thread gets it). scratch: kBackwardGroups + 1 floats.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+template <class V>
+__device__ __forceinline__ V block_sum(V v, V* scratch) {
   for (int o = kLaneGroup / 2; o > 0; o >>= 1) v += shfl_xor_group(v, o);
   __syncthreads();  // scratch may still be read by a previous call
   if (threadIdx.x % kLaneGroup == 0) scratch[threadIdx.x / kLaneGroup] = v;
   __syncthreads();
-  float s = 0.f;
+  V s = 0;
   for (int g = 0; g < kBackwardGroups; ++g) s += scratch[g];
   return s;
 }
@@ -89,6 +89,17 @@ __device__ __forceinline__ float dot_with(const float* a, int64_t n, X x) {
   return s;
 }
 
+// s_ij = scale q_i . k_j from the unscaled q (float) and k (X(dim)), summed in f64 and scaled after: a
+// nearly orthogonal pair (a query whose only key is its own, after a reset or at a chunk's start)
+// makes the sum cancel by 1e3, and its tiny denominator then makes its gradients the largest, so an
+// f32 sum of a rounded scale q left dq 4e-5 off on a case of the table (tolerance 1e-5).
+template <class X>
+__device__ __forceinline__ float scaled_dot(const float* q, int64_t n, X k, double scale) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += double(q[i]) * double(k(i));
+  return float(scale * s);
+}
+
 // Adds w * J_phi(x)^T e_row (row `row` of phi's pullback) to acc, in shared memory.
 __device__ __forceinline__ void add_pullback(const phi_entry& row, int p, const float* x, float w, float* acc) {
   for (int f = 0; f < p; ++f) {
@@ -104,28 +115,37 @@ __device__ __forceinline__ void add_pullback(const phi_entry& row, int p, const 
 template <class T>
 __global__ void backward_cotangents_kernel(backward_tensors in, backward_states st, backward_work w, gates g,
                                            const phi_entry* table, expanse_problem pb, backward_form form) {
-  __shared__ float qs[kBackwardMaxDim], scratch[kBackwardGroups + 1];
+  __shared__ float qs[kBackwardMaxDim], qu[kBackwardMaxDim], scratch[kBackwardGroups + 1];
+  __shared__ double scratch64[kBackwardGroups + 1];
   const int64_t qh = blockIdx.x % pb.hq, i = (blockIdx.x / pb.hq) % pb.t, batch = blockIdx.x / (pb.hq * pb.t);
   const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv, m = i / pb.c, row = blockIdx.x;
-  for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) qs[x] = float(pb.scale) * load<T>(in.q, off4(in.q, batch, i, qh, x));
+  for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) {
+    qu[x] = load<T>(in.q, off4(in.q, batch, i, qh, x));
+    qs[x] = float(pb.scale) * qu[x];
+  }
   __syncthreads();
   float den = 1.f, dd = 0.f;
   if (pb.normalize) {
     float part = 0.f;
-    if (st.z.data && !w.den_state) {
+    if (st.z.data) {
+      // phi(scale q_i) . z_m in f64 from the unscaled q_i with exact coefficients: z_m's entries have
+      // both signs, and for a query nearly orthogonal to the keys behind z_m the sum cancels (by 1e4 on
+      // a case of the table, where f32 left dq 1e-4 off in the Kokkos backend, tolerance 1e-5).
+      double state = 0.0, scale_p = 1.0;
+      for (int k = 0; k < pb.p; ++k) scale_p *= pb.scale;
       for (int64_t r = threadIdx.x; r < pb.D; r += blockDim.x)
-        part += phi_value(table[r], pb.p, [&](int x) { return qs[x]; }) * loadf(st.z, off4(st.z, batch, m, kv, r));
-      part *= expf(g.cum(bh, pb.t, i));
+        state += phi_value_f64(table[r], pb.p, [&](int x) { return double(qu[x]); }) * loadf(st.z, off4(st.z, batch, m, kv, r));
+      state = block_sum(state, scratch64);
+      if (threadIdx.x == 0) part = float(scale_p * state) * expf(g.cum(bh, pb.t, i));
     }
     if (form.pairs) {
       const float ri = g.since_reset(bh, pb.t, i);
       for (int64_t j = m * pb.c + g.first_key(bh, pb.t, i) + threadIdx.x; j <= i; j += blockDim.x) {
-        const float dot = dot_with(qs, pb.d, [&](int64_t x) { return load<T>(in.k, off4(in.k, batch, j, kv, x)); });
+        const float dot = scaled_dot(qu, pb.d, [&](int64_t x) { return load<T>(in.k, off4(in.k, batch, j, kv, x)); }, pb.scale);
         part += ipowf(dot, pb.p) * expf(ri - g.since_reset(bh, pb.t, j));
       }
     }
     den = block_sum(part, scratch);
-    if (w.den_state) den += w.den_state[row];
     if (form.intra)
       den += loadf(in.l, off3(in.l, batch, i, qh)) * expf(loadf(in.rowmax, off3(in.rowmax, batch, i, qh)));
     float od = 0.f;
@@ -228,12 +248,13 @@ struct scan_ends {
 template <class T>
 __global__ void query_gradients_kernel(backward_tensors in, backward_states st, backward_work w, gates g,
                                        const phi_entry* table, expanse_problem pb, backward_form form) {
-  __shared__ float qs[kBackwardMaxDim], dnum[kBackwardMaxDim], acc[kBackwardMaxDim], scratch[kBackwardGroups + 1];
-  __shared__ float douts[kBackwardMaxDim], os[kBackwardMaxDim];  // form.exact: dout_i, o_i
+  __shared__ float qs[kBackwardMaxDim], qu[kBackwardMaxDim], dnum[kBackwardMaxDim], acc[kBackwardMaxDim];
+  __shared__ float douts[kBackwardMaxDim], os[kBackwardMaxDim], scratch[kBackwardGroups + 1];  // form.exact: dout_i, o_i
   const int64_t qh = blockIdx.x % pb.hq, i = (blockIdx.x / pb.hq) % pb.t, batch = blockIdx.x / (pb.hq * pb.t);
   const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv, m = i / pb.c, row = blockIdx.x;
   for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) {
-    qs[x] = float(pb.scale) * load<T>(in.q, off4(in.q, batch, i, qh, x));
+    qu[x] = load<T>(in.q, off4(in.q, batch, i, qh, x));
+    qs[x] = float(pb.scale) * qu[x];
     acc[x] = 0.f;
   }
   for (int64_t y = threadIdx.x; y < pb.e; y += blockDim.x) {
@@ -265,7 +286,7 @@ __global__ void query_gradients_kernel(backward_tensors in, backward_states st, 
     for (int64_t j = m * pb.c + g.first_key(bh, pb.t, i) + threadIdx.x; j <= i; j += blockDim.x) {
       auto kj = [&](int64_t x) { return load<T>(in.k, off4(in.k, batch, j, kv, x)); };
       auto vj = [&](int64_t y) { return load<T>(in.v, off4(in.v, batch, j, kv, y)); };
-      const float dot = dot_with(qs, pb.d, kj);
+      const float dot = scaled_dot(qu, pb.d, kj, pb.scale);
       const float mv = form.exact ? rden * dot_with(douts, pb.e, [&](int64_t y) { return vj(y) - os[y]; })
                                   : dot_with(dnum, pb.e, vj) + dden;
       const float B = pb.p * ipowf(dot, pb.p - 1) * expf(ri - g.since_reset(bh, pb.t, j)) * mv;
@@ -317,8 +338,9 @@ __global__ void key_gradients_kernel(backward_tensors in, backward_states st, ba
     for (int64_t pair = threadIdx.x; pair < (last - j + 1) * group; pair += blockDim.x) {
       const int64_t i = j + pair / group, qh = kv * group + pair % group, row = (batch * pb.t + i) * pb.hq + qh;
       if (m * pb.c + g.first_key(bh, pb.t, i) > j) continue;  // a reset between j and i
-      auto qs = [&](int64_t x) { return float(pb.scale) * load<T>(in.q, off4(in.q, batch, i, qh, x)); };
-      const float dot = dot_with(kk, pb.d, qs);
+      auto qu = [&](int64_t x) { return load<T>(in.q, off4(in.q, batch, i, qh, x)); };
+      auto qs = [&](int64_t x) { return float(pb.scale) * qu(x); };
+      const float dot = scaled_dot(kk, pb.d, qu, pb.scale);
       const float decay = expf(g.since_reset(bh, pb.t, i) - rj);
       const float* dn = w.dnum + row * pb.e;
       float mv = 0.f;

@@ -84,6 +84,15 @@ __device__ __forceinline__ float phi_value(const phi_entry& row, int p, X x) {
   return v;
 }
 
+// The same in f64 with the coefficient exact: coef^2 is an integer (a multinomial count up to 6!) that
+// the f32 coef gives to 1e-7. For sums that cancel (backward_simple.hpp, the denominators' state part).
+template <class X>  // X(i) returns x_i as double
+__device__ __forceinline__ double phi_value_f64(const phi_entry& row, int p, X x) {
+  double v = sqrt(rint(double(row.coef) * double(row.coef)));
+  for (int k = 0; k < p; ++k) v *= x(row.idx[k]);
+  return v;
+}
+
 // ------------------------------------------------------------------ gates
 // Gate prefix sums inside chunks (gpu/kernels/chunk_gates.hpp), for a [b,t,h] log_g:
 //   Gc [b,h,t]: inclusive cumulative sum of log_g inside each chunk (the queries' decay exp(Gc_i)),

@@ -23,10 +23,10 @@ backward_plan plan_backward(const expanse_op& op) {
   return plan;
 }
 
-backward_work take_backward_work(const expanse_problem& pb, bool with_rden, workspace& ws) {
+backward_work take_backward_work(const expanse_problem& pb, bool with_rden, bool with_dnum, workspace& ws) {
   const int64_t qrows = pb.b * pb.t * pb.hq, krows = pb.b * pb.t * pb.h;
   backward_work w{};
-  w.dnum = ws.take<float>(size_t(qrows * pb.e));
+  w.dnum = with_dnum ? ws.take<float>(size_t(qrows * pb.e)) : nullptr;
   w.dden = ws.take<float>(size_t(qrows));
   w.qdq = ws.take<float>(size_t(qrows));
   w.kdk = ws.take<float>(size_t(krows));
@@ -134,7 +134,7 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
   shared.phi = make_phi_tables(pb, lc);
   shared.g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   const int64_t tokens = pb.b * pb.t, states = pb.b * pb.n * pb.h * pb.D;
-  const backward_work w = take_backward_work(pb, pb.normalize != 0, lc.ws);
+  const backward_work w = take_backward_work(pb, pb.normalize != 0, true, lc.ws);
   const forward_sweep fw = recompute_forward_states(op, plan, shared, lc);
   backward_states st{};
   take_cotangent_states(op, plan, lc.ws, st);

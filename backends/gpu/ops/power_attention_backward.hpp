@@ -16,8 +16,9 @@ struct backward_plan {
 };
 backward_plan plan_backward(const expanse_op& op);
 
-// The per-token arrays of backward_work (dnum, dden, q . dq, k . dk, and 1 / den where with_rden).
-backward_work take_backward_work(const expanse_problem& pb, bool with_rden, workspace& ws);
+// The per-token arrays of backward_work (dden, q . dq, k . dk; dnum where with_dnum, 1 / den where
+// with_rden).
+backward_work take_backward_work(const expanse_problem& pb, bool with_rden, bool with_dnum, workspace& ws);
 
 // The state cotangents st.dY, st.dZ [b,n,h,D(,e)] where plan.cotangent_states (dZ where the normalizer
 // states take part or dinitial_z is wanted).

@@ -8,8 +8,10 @@
 // multiplies and MMAs.
 //
 // kSplit (the backward's forward sweep, whose state terms cancel and magnify a b16 rounding of the
-// states): phi(k) is formed in f32 and both operands go as b16 pairs hi + lo, three MMAs (hi hi, hi lo,
-// lo hi) per product, so that the states keep about 16 significant bits instead of 8.
+// states): the gate goes to the A side instead, w_j phi(k_j) formed in f32 and split into b16 hi + lo,
+// against the values as they are (exact in b16) and a column of ones for z: two MMAs per product, and
+// the states keep about 16 significant bits instead of 8. (Splitting the gated values too took three
+// MMAs, hi hi + hi lo + lo hi, for no more accuracy: 2.69 ms at P1 t = 65536 on an H100.)
 //
 // CTA: 8 warps, 256 rows of phi (32 per warp: two m16 tiles) x all e columns, over one chunk of one
 // head. The K loop steps 32 tokens; the next tile is loaded into registers while the current one
@@ -76,7 +78,7 @@ __device__ __forceinline__ void store_state_row(const mma_update_state_params& P
 template <class T, int DH, int E, bool kSplit = false>
 constexpr size_t mma_update_state_smem() {
   using namespace mma_update_state_cfg;
-  return 2 * (size_t(DH + 1) * kTokPad + size_t(kSplit ? 2 : 1) * kTok * (E + 8)) * sizeof(T);
+  return 2 * (size_t(DH + 1) * kTokPad + size_t(kTok) * (E + 8)) * sizeof(T) + (kSplit ? 2 * kTok * sizeof(float) : 0);
 }
 
 template <class T, int DH, int E, bool kSplit = false>
@@ -89,11 +91,13 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
   // Two buffers each (addressed by arithmetic: an array of pointers indexed at run time would
   // live in local memory):
   //   keys [d+1][kTokPad], transposed; row d stays zero (the rows past D point there)
-  //   values [kTok][kVS], gated; column E = the gate (gives z), E+1..E+7 = 0 (kSplit: hi, then lo)
+  //   values [kTok][kVS], gated; column E = the gate (gives z), E+1..E+7 = 0 (kSplit: the values as
+  //   they are, column E = 1, and the gates [kTok] in f32 after both value buffers)
   T* const kT0 = reinterpret_cast<T*>(smem_raw);
   constexpr int kT_size = (d + 1) * kTokPad;
   T* const vs0 = kT0 + 2 * kT_size;
-  constexpr int vs_part = kTok * kVS, vs_size = (kSplit ? 2 : 1) * vs_part;
+  constexpr int vs_size = kTok * kVS;
+  float* const gw0 = reinterpret_cast<float*>(vs0 + 2 * vs_size);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   const cta_coords at = decode_cta(P.row_tiles, P.h, P.n);
@@ -135,7 +139,11 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
   const T* kbase = static_cast<const T*>(P.k) + batch * P.k_sb + head * P.k_sh;
   const T* vbase = static_cast<const T*>(P.v) + batch * P.v_sb + head * P.v_sh;
   auto gc_of = [&](int64_t s) { return P.g.Gc && s < len ? P.g.Gc[bh * P.t + first + s] : 0.f; };
-  auto gate = [&](int64_t s, float gc) { return s < len ? (P.g.Gc ? __expf(A - gc) : 1.f) : 0.f; };
+  auto gate = [&](int64_t s, float gc) {
+    if (s >= len) return 0.f;
+    if (!P.g.Gc) return 1.f;
+    return kSplit ? expf(A - gc) : __expf(A - gc);  // __expf's error (2 + 1.16 |x| ulp) would pass 2^-17
+  };
 
   auto load_step = [&](int64_t s0) {
 #pragma unroll
@@ -175,30 +183,23 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
       const int vi = tid + i * kThreads;
       if (vi < vvec) {
         const int s = vi / (E / 8), c8 = vi % (E / 8);
-        const T* e = reinterpret_cast<const T*>(&vreg[i]);
-        uint4 out, out_lo;
-        T* o = reinterpret_cast<T*>(&out);
-        T* ol = reinterpret_cast<T*>(&out_lo);
-        const float w = gate(s0 + s, gcreg[i]);
+        uint4 out = vreg[i];
+        if constexpr (!kSplit) {
+          const T* e = reinterpret_cast<const T*>(&vreg[i]);
+          T* o = reinterpret_cast<T*>(&out);
+          const float w = gate(s0 + s, gcreg[i]);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float x = to_f32(e[j]) * w;
-          o[j] = from_f32<T>(x);
-          if constexpr (kSplit) ol[j] = from_f32<T>(x - to_f32(o[j]));
+          for (int j = 0; j < 8; ++j) o[j] = from_f32<T>(to_f32(e[j]) * w);
         }
         *reinterpret_cast<uint4*>(vb + s * kVS + c8 * 8) = out;
-        if constexpr (kSplit) *reinterpret_cast<uint4*>(vb + vs_part + s * kVS + c8 * 8) = out_lo;
       }
     }
     if (tid < kTok) {
-      uint4 zr = make_uint4(0, 0, 0, 0), zl = make_uint4(0, 0, 0, 0);
+      uint4 zr = make_uint4(0, 0, 0, 0);
       const float x = gate(s0 + tid, zgc);
-      reinterpret_cast<T*>(&zr)[0] = from_f32<T>(x);
+      reinterpret_cast<T*>(&zr)[0] = from_f32<T>(kSplit ? 1.f : x);
       *reinterpret_cast<uint4*>(vb + tid * kVS + E) = zr;
-      if constexpr (kSplit) {
-        reinterpret_cast<T*>(&zl)[0] = from_f32<T>(x - to_f32(reinterpret_cast<T*>(&zr)[0]));
-        *reinterpret_cast<uint4*>(vb + vs_part + tid * kVS + E) = zl;
-      }
+      if constexpr (kSplit) gw0[buf * kTok + tid] = x;
     }
   };
 
@@ -220,6 +221,7 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
     if (step + 1 < steps) load_step((step + 1) * kTok);
     const T* kb = kT0 + buf * kT_size;
     const T* vb = vs0 + buf * vs_size;
+    const float* gw = gw0 + buf * kTok;
 #pragma unroll
     for (int ks = 0; ks < kTok / 16; ++ks) {
       // A fragments: phi of this lane's rows at tokens (2tq, 2tq+1) and (2tq+8, 2tq+9).
@@ -230,7 +232,7 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
         for (int q = 0; q < 4; ++q) {
           const int hf = q & 1, s = ks * 16 + 2 * tq + (q >> 1) * 8;
           uint32_t prod = *reinterpret_cast<const uint32_t*>(kb + koff[mt][hf][0] + s);
-          if constexpr (kSplit) {  // the product in f32, then hi + lo
+          if constexpr (kSplit) {  // the product and its gate in f32, then hi + lo
             float2 x = unpack2_f32<T>(prod);
 #pragma unroll
             for (int k = 1; k < 4; ++k)
@@ -238,7 +240,8 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
                 const float2 y = unpack2_f32<T>(*reinterpret_cast<const uint32_t*>(kb + koff[mt][hf][k] + s));
                 x.x *= y.x, x.y *= y.y;
               }
-            split2_f32<T>(x.x, x.y, a[mt][q], a_lo[mt][q]);
+            const float2 w = *reinterpret_cast<const float2*>(gw + s);
+            split2_f32<T>(x.x * w.x, x.y * w.y, a[mt][q], a_lo[mt][q]);
           } else {
 #pragma unroll
             for (int k = 1; k < 4; ++k)
@@ -258,12 +261,8 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
           mma_16816<T>(acc[mt][2 * np + 1], a[mt], b + 2);
         }
         if constexpr (kSplit) {
-          uint32_t bl[4];
-          ldmatrix_x4_trans(bl, vb + vs_part + brow * kVS + np * 16 + (lane >> 4) * 8);
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
-            mma_16816<T>(acc[mt][2 * np], a[mt], bl);
-            mma_16816<T>(acc[mt][2 * np + 1], a[mt], bl + 2);
             mma_16816<T>(acc[mt][2 * np], a_lo[mt], b);
             mma_16816<T>(acc[mt][2 * np + 1], a_lo[mt], b + 2);
           }
@@ -274,15 +273,9 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
         ldmatrix_x2_trans(b, vb + brow * kVS + E);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) mma_16816<T>(acc[mt][kNT], a[mt], b);
-        if constexpr (kSplit) {
-          uint32_t bl[2];
-          ldmatrix_x2_trans(bl, vb + vs_part + brow * kVS + E);
+        if constexpr (kSplit)
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            mma_16816<T>(acc[mt][kNT], a[mt], bl);
-            mma_16816<T>(acc[mt][kNT], a_lo[mt], b);
-          }
-        }
+          for (int mt = 0; mt < 2; ++mt) mma_16816<T>(acc[mt][kNT], a_lo[mt], b);
       }
     }
     if (step + 1 < steps) store_step(buf ^ 1, (step + 1) * kTok);
