@@ -17,7 +17,9 @@
 // every query head of the kv head). Per query block the warp computes S^T = K Q^T and
 // dP^T = V dnum^T (16 keys x 64 queries), then dV += A^T dnum and dK += B^T Q; B^T goes through
 // shared memory so that each warp can form dQ for 16 queries against all 64 keys, added to the f32
-// dq accumulator with atomics (other key blocks add to the same rows).
+// dq accumulator with atomics (other key blocks add to the same rows). The query blocks (every
+// query head's, in turn) are double-buffered: the next block's q and dout rows arrive by cp.async
+// and its per-row values by plain loads while this one is multiplied.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -52,9 +54,9 @@ constexpr int kThreads = 128, kKeys = 64, kRows = 64;
 template <class T, int DH, int E>
 constexpr size_t flash_backward_smem() {
   using namespace flash_backward_cfg;
-  return (size_t(kKeys) * (DH + 8) + size_t(kKeys) * (E + 8) + size_t(kRows) * (DH + 8) + size_t(kRows) * (E + 8) +
+  return (size_t(kKeys) * (DH + 8) + size_t(kKeys) * (E + 8) + 2 * (size_t(kRows) * (DH + 8) + size_t(kRows) * (E + 8)) +
           size_t(kKeys) * (kRows + 8)) * sizeof(T) +
-         (3 * kRows + kKeys) * sizeof(float) + kRows * sizeof(int);
+         (2 * 3 * kRows + kKeys) * sizeof(float) + 2 * kRows * sizeof(int);
 }
 
 // x^k for a small non-negative k.
@@ -74,16 +76,17 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
   constexpr int kKS = DH + 8, kVS = E + 8, kBS = kRows + 8;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  // Two buffers of a query block each (q, dout, and the rows' values), addressed by arithmetic.
   T* ks = reinterpret_cast<T*>(smem_raw);  // [kKeys][kKS]
   T* vs = ks + kKeys * kKS;                // [kKeys][kVS]
-  T* qs = vs + kKeys * kVS;                // [kRows][kKS]
-  T* ds = qs + kRows * kKS;                // [kRows][kVS]: dout
-  T* bts = ds + kRows * kVS;               // [kKeys][kBS]: B^T of the query block
+  T* qs0 = vs + kKeys * kVS;               // [2][kRows][kKS]
+  T* ds0 = qs0 + 2 * kRows * kKS;          // [2][kRows][kVS]: dout
+  T* bts = ds0 + 2 * kRows * kVS;          // [kKeys][kBS]: B^T of the query block
   float* gk = reinterpret_cast<float*>(bts + kKeys * kBS);  // restarted Gc of the keys, base 2
-  float* gq = gk + kKeys;                                    // of the query rows
-  float* dd = gq + kRows;                                    // dden of the query rows
-  float* rd = dd + kRows;                                    // r of the query rows
-  int* fk = reinterpret_cast<int*>(rd + kRows);              // first key of each query row
+  float* gq0 = gk + kKeys;                                   // [2][kRows]: of the query rows
+  float* dd0 = gq0 + 2 * kRows;                              // [2][kRows]: dden of the query rows
+  float* rd0 = dd0 + 2 * kRows;                              // [2][kRows]: r of the query rows
+  int* fk0 = reinterpret_cast<int*>(rd0 + 2 * kRows);        // [2][kRows]: first key of each query row
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   // Key blocks in order of their work, the longest first (block 0 of every chunk and head, then
@@ -133,105 +136,150 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
   const float pf = float(P.p);
   float key_sum[2] = {0.f, 0.f};  // sum of A_ij M_ij over the queries, for this thread's two keys
 
-  for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh) {
+  // The query blocks at or after the key block, every query head's in turn: step s is block
+  // s % blocks of query head kv group + s / blocks.
+  const int blocks = (int(len) - k0 + kRows - 1) / kRows, steps = int(group) * blocks;
+  auto issue_rows = [&](int step, int buf) {  // cp.async of the block's q and dout rows
+    const int64_t qh = kv * group + step / blocks;
+    const int q0 = k0 + (step % blocks) * kRows;
     const T* qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;
     const T* dbase = static_cast<const T*>(P.dout) + batch * P.o_sb + qh * P.o_sh;
-    for (int q0 = k0; q0 < len; q0 += kRows) {
-      for (int vi = tid; vi < kRows * DH / 8; vi += kThreads) {
-        const int s = vi / (DH / 8), c8 = vi % (DH / 8);
-        *reinterpret_cast<uint4*>(qs + s * kKS + c8 * 8) =
-            q0 + s < len ? *reinterpret_cast<const uint4*>(qbase + (first + q0 + s) * P.q_st + c8 * 8) : make_uint4(0, 0, 0, 0);
-      }
-      for (int vi = tid; vi < kRows * E / 8; vi += kThreads) {
-        const int s = vi / (E / 8), c8 = vi % (E / 8);
-        *reinterpret_cast<uint4*>(ds + s * kVS + c8 * 8) =
-            q0 + s < len ? *reinterpret_cast<const uint4*>(dbase + (first + q0 + s) * P.o_st + c8 * 8) : make_uint4(0, 0, 0, 0);
-      }
-      if (tid < kRows) {
-        const bool in = q0 + tid < len;
-        const int64_t i = first + q0 + tid;
-        gq[tid] = in ? P.g.since_reset(bh, P.t, i) * kLog2e : 0.f;
-        fk[tid] = in ? P.g.first_key(bh, P.t, i) : int(len);  // rows past the chunk see no key
-        dd[tid] = in && P.dden ? P.dden[(batch * P.t + i) * P.hq + qh] : 0.f;
-        rd[tid] = !in ? 0.f : P.rden ? P.rden[(batch * P.t + i) * P.hq + qh] : 1.f;
-      }
-      __syncthreads();
+    T* qs = qs0 + buf * kRows * kKS;
+    T* ds = ds0 + buf * kRows * kVS;
+    for (int vi = tid; vi < kRows * DH / 8; vi += kThreads) {
+      const int s = vi / (DH / 8), c8 = vi % (DH / 8);
+      const bool in = q0 + s < len;
+      copy_async<16>(qs + s * kKS + c8 * 8, qbase + (first + (in ? q0 + s : 0)) * P.q_st + c8 * 8, in);
+    }
+    for (int vi = tid; vi < kRows * E / 8; vi += kThreads) {
+      const int s = vi / (E / 8), c8 = vi % (E / 8);
+      const bool in = q0 + s < len;
+      copy_async<16>(ds + s * kVS + c8 * 8, dbase + (first + (in ? q0 + s : 0)) * P.o_st + c8 * 8, in);
+    }
+    copy_async_commit();
+  };
+  struct row_values {
+    float gq, dd, rd;
+    int fk;
+  };
+  auto load_row = [&](int step) {  // row tid's values (tid < kRows)
+    const int64_t qh = kv * group + step / blocks;
+    const int q0 = k0 + (step % blocks) * kRows;
+    const bool in = q0 + tid < len;
+    const int64_t i = first + q0 + tid;
+    row_values r;
+    r.gq = in ? P.g.since_reset(bh, P.t, i) * kLog2e : 0.f;
+    r.fk = in ? P.g.first_key(bh, P.t, i) : int(len);  // rows past the chunk see no key
+    r.dd = in && P.dden ? P.dden[(batch * P.t + i) * P.hq + qh] : 0.f;
+    r.rd = !in ? 0.f : P.rden ? P.rden[(batch * P.t + i) * P.hq + qh] : 1.f;
+    return r;
+  };
+  auto store_row = [&](const row_values& r, int buf) {
+    gq0[buf * kRows + tid] = r.gq, fk0[buf * kRows + tid] = r.fk;
+    dd0[buf * kRows + tid] = r.dd, rd0[buf * kRows + tid] = r.rd;
+  };
+  if (steps > 0) {
+    issue_rows(0, 0);
+    if (tid < kRows) store_row(load_row(0), 0);
+  }
 
-      // S^T = K Q^T and V dout^T for this warp's 16 keys and the 64 queries.
-      float st[8][4], dpt[8][4];
-      rows_times_rows<T, DH>(st, ka, qs, kKS, lane);
-      rows_times_rows<T, E>(dpt, va, ds, kVS, lane);
-      // (r A)^T and B^T, packed as A fragments over the queries (k16 slice kk = n-tiles 2kk, 2kk+1),
-      // and the sums of A M by query (over this CTA's keys, added to row_am) and by key.
-      uint32_t aa[4][4], ba[4][4];
+  for (int step = 0; step < steps; ++step) {
+    const int buf = step & 1;
+    const int64_t qh = kv * group + step / blocks;
+    const int q0 = k0 + (step % blocks) * kRows;
+    const bool more = step + 1 < steps;
+    row_values next{};
+    if (more) {
+      issue_rows(step + 1, buf ^ 1);
+      if (tid < kRows) next = load_row(step + 1);
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    // This block's rows have landed, and every warp is done with the previous block (its B^T).
+    __syncthreads();
+    // The next block's row values into the other buffer, whose last readers passed the previous
+    // block's second barrier (stored here, not at once: their loads had the barrier's time to land).
+    if (more && tid < kRows) store_row(next, buf ^ 1);
+    const T* qs = qs0 + buf * kRows * kKS;
+    const T* ds = ds0 + buf * kRows * kVS;
+    const float* gq = gq0 + buf * kRows;
+    const float* dd = dd0 + buf * kRows;
+    const float* rd = rd0 + buf * kRows;
+    const int* fk = fk0 + buf * kRows;
+    // S^T = K Q^T and V dout^T for this warp's 16 keys and the 64 queries.
+    float st[8][4], dpt[8][4];
+    rows_times_rows<T, DH>(st, ka, qs, kKS, lane);
+    rows_times_rows<T, E>(dpt, va, ds, kVS, lane);
+    // (r A)^T and B^T, packed as A fragments over the queries (k16 slice kk = n-tiles 2kk, 2kk+1),
+    // and the sums of A M by query (over this CTA's keys, added to row_am) and by key.
+    uint32_t aa[4][4], ba[4][4];
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        float a_val[4], b_val[4], am_col[2] = {0.f, 0.f};
+    for (int nt = 0; nt < 8; ++nt) {
+      float a_val[4], b_val[4], am_col[2] = {0.f, 0.f};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int hf = i >> 1, row = nt * 8 + 2 * tq + (i & 1), key = key_local[hf];
-          const bool valid = q0 + row >= key && key >= fk[row];
-          const float s = P.scale * st[nt][i];
-          const float decay = valid ? fast_exp2(gq[row] - gkey[hf]) : 0.f;
-          const float pw = small_power(s, P.p - 1);
-          const float a = pw * s * decay, mm = fmaf(dpt[nt][i], rd[row], dd[row]);
-          a_val[i] = a * rd[row];
-          b_val[i] = pf * pw * decay * mm;
-          key_sum[hf] = fmaf(a, mm, key_sum[hf]);
-          am_col[i & 1] = fmaf(a, mm, am_col[i & 1]);
-        }
-        if (P.row_am) {  // the query's sum over this warp's 16 keys (lanes with the same tq), then atomically over warps
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            float x = am_col[j];
-            x += __shfl_xor_sync(0xffffffffu, x, 4);
-            x += __shfl_xor_sync(0xffffffffu, x, 8);
-            x += __shfl_xor_sync(0xffffffffu, x, 16);
-            const int row = nt * 8 + 2 * tq + j;
-            if (g == 0 && q0 + row < len) atomicAdd(P.row_am + (batch * P.t + first + q0 + row) * P.hq + qh, x);
-          }
-        }
-        aa[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(a_val[0], a_val[1]);
-        aa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(a_val[2], a_val[3]);
-        ba[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(b_val[0], b_val[1]);
-        ba[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(b_val[2], b_val[3]);
-        // B^T rows are this warp's keys, columns the queries.
-        *reinterpret_cast<uint32_t*>(bts + (warp * 16 + g) * kBS + nt * 8 + 2 * tq) = ba[nt >> 1][(nt & 1) * 2];
-        *reinterpret_cast<uint32_t*>(bts + (warp * 16 + g + 8) * kBS + nt * 8 + 2 * tq) = ba[nt >> 1][(nt & 1) * 2 + 1];
+      for (int i = 0; i < 4; ++i) {
+        const int hf = i >> 1, row = nt * 8 + 2 * tq + (i & 1), key = key_local[hf];
+        const bool valid = q0 + row >= key && key >= fk[row];
+        const float s = P.scale * st[nt][i];
+        const float decay = valid ? fast_exp2(gq[row] - gkey[hf]) : 0.f;
+        const float pw = small_power(s, P.p - 1);
+        const float a = pw * s * decay, mm = fmaf(dpt[nt][i], rd[row], dd[row]);
+        a_val[i] = a * rd[row];
+        b_val[i] = pf * pw * decay * mm;
+        key_sum[hf] = fmaf(a, mm, key_sum[hf]);
+        am_col[i & 1] = fmaf(a, mm, am_col[i & 1]);
       }
-      add_times_tile<T, E>(dv, aa, ds, kVS, lane);
-      add_times_tile<T, DH>(dk, ba, qs, kKS, lane);
-      __syncthreads();  // B^T complete
+      if (P.row_am) {  // the query's sum over this warp's 16 keys (lanes with the same tq), then atomically over warps
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          float x = am_col[j];
+          x += __shfl_xor_sync(0xffffffffu, x, 4);
+          x += __shfl_xor_sync(0xffffffffu, x, 8);
+          x += __shfl_xor_sync(0xffffffffu, x, 16);
+          const int row = nt * 8 + 2 * tq + j;
+          if (g == 0 && q0 + row < len) atomicAdd(P.row_am + (batch * P.t + first + q0 + row) * P.hq + qh, x);
+        }
+      }
+      aa[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(a_val[0], a_val[1]);
+      aa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(a_val[2], a_val[3]);
+      ba[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(b_val[0], b_val[1]);
+      ba[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(b_val[2], b_val[3]);
+      // B^T rows are this warp's keys, columns the queries.
+      *reinterpret_cast<uint32_t*>(bts + (warp * 16 + g) * kBS + nt * 8 + 2 * tq) = ba[nt >> 1][(nt & 1) * 2];
+      *reinterpret_cast<uint32_t*>(bts + (warp * 16 + g + 8) * kBS + nt * 8 + 2 * tq) = ba[nt >> 1][(nt & 1) * 2 + 1];
+    }
+    add_times_tile<T, E>(dv, aa, ds, kVS, lane);
+    add_times_tile<T, DH>(dk, ba, qs, kKS, lane);
+    __syncthreads();  // B^T complete
 
-      // dQ for this warp's 16 queries: B (16 queries x 64 keys, read transposed from B^T) times K.
-      uint32_t bq[4][4];
+    // dQ for this warp's 16 queries: B (16 queries x 64 keys, read transposed from B^T) times K.
+    uint32_t bq[4][4];
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const int mat = lane >> 3;
-        ldmatrix_x4_trans(bq[kk], bts + (kk * 16 + (lane & 7) + (mat >> 1) * 8) * kBS + warp * 16 + (mat & 1) * 8);
-      }
-      float dqa[DH / 8][4];
+    for (int kk = 0; kk < 4; ++kk) {
+      const int mat = lane >> 3;
+      ldmatrix_x4_trans(bq[kk], bts + (kk * 16 + (lane & 7) + (mat >> 1) * 8) * kBS + warp * 16 + (mat & 1) * 8);
+    }
+    float dqa[DH / 8][4];
 #pragma unroll
-      for (int nt = 0; nt < DH / 8; ++nt)
+    for (int nt = 0; nt < DH / 8; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) dqa[nt][i] = 0.f;
-      add_times_tile<T, DH>(dqa, bq, ks, kKS, lane);
+      for (int i = 0; i < 4; ++i) dqa[nt][i] = 0.f;
+    add_times_tile<T, DH>(dqa, bq, ks, kKS, lane);
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int row = q0 + warp * 16 + g + 8 * hf;
-        if (row >= len) continue;
-        float* out = P.dq + ((batch * P.t + first + row) * P.hq + qh) * DH;
+    for (int hf = 0; hf < 2; ++hf) {
+      const int row = q0 + warp * 16 + g + 8 * hf;
+      if (row >= len) continue;
+      float* out = P.dq + ((batch * P.t + first + row) * P.hq + qh) * DH;
 #pragma unroll
-        for (int nt = 0; nt < DH / 8; ++nt) {
+      for (int nt = 0; nt < DH / 8; ++nt) {
 #if __CUDA_ARCH__ >= 900  // one vector atomic for the two neighbours (sm_90's float2 atomicAdd)
-          atomicAdd(reinterpret_cast<float2*>(out + nt * 8 + 2 * tq), make_float2(dqa[nt][2 * hf], dqa[nt][2 * hf + 1]));
+        atomicAdd(reinterpret_cast<float2*>(out + nt * 8 + 2 * tq), make_float2(dqa[nt][2 * hf], dqa[nt][2 * hf + 1]));
 #else
-          atomicAdd(out + nt * 8 + 2 * tq, dqa[nt][2 * hf]);
-          atomicAdd(out + nt * 8 + 2 * tq + 1, dqa[nt][2 * hf + 1]);
+        atomicAdd(out + nt * 8 + 2 * tq, dqa[nt][2 * hf]);
+        atomicAdd(out + nt * 8 + 2 * tq + 1, dqa[nt][2 * hf + 1]);
 #endif
-        }
       }
-      __syncthreads();  // before the next block overwrites qs, ds, bts
     }
   }
 
