@@ -82,7 +82,8 @@ __global__ void __launch_bounds__(kCotangentTokens)
                             T* weighted) {
   __shared__ __align__(16) float zs[kQuadDim][kQuadDim];
   const int tile = int(blockIdx.x % tiles);
-  const int64_t rest = blockIdx.x / tiles, qh = rest % pb.hq, m = (rest / pb.hq) % pb.n, batch = rest / (pb.hq * pb.n);
+  const token_row at = split_row(blockIdx.x / tiles, pb.n, pb.hq);  // (batch, chunk, query head)
+  const int64_t qh = at.head, m = at.tok, batch = at.batch;
   const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv, first = m * pb.c + int64_t(tile) * kCotangentTokens;
   const int64_t len = min(int64_t(kCotangentTokens), min(pb.c - int64_t(tile) * kCotangentTokens, pb.t - first));
   if (len <= 0) return;

@@ -17,7 +17,8 @@ __global__ void finish_queries_kernel(expanse_tensor q, expanse_tensor dq, const
   const int lane = threadIdx.x % kLaneGroup;
   for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLaneGroup; row < rows;
        row += int64_t(gridDim.x) * blockDim.x / kLaneGroup) {
-    const int64_t hq = dq.shape[2], qh = row % hq, i = (row / hq) % dq.shape[1], batch = row / (hq * dq.shape[1]);
+    const token_row at = split_row(row, dq.shape[1], dq.shape[2]);
+    const int64_t qh = at.head, i = at.tok, batch = at.batch;
     float s = 0.f;
     for (int64_t x = lane; x < d; x += kLaneGroup) {
       const float from_state = state ? scale * state[row * d + x] : 0.f;
@@ -39,7 +40,8 @@ __global__ void finish_keys_kernel(expanse_tensor k, expanse_tensor dk, expanse_
   const int lane = threadIdx.x % kLaneGroup;
   for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLaneGroup; row < pb.b * pb.t * pb.h;
        row += int64_t(gridDim.x) * blockDim.x / kLaneGroup) {
-    const int64_t kv = row % pb.h, j = (row / pb.h) % pb.t, batch = row / (pb.h * pb.t);
+    const token_row at = split_row(row, pb.t, pb.h);
+    const int64_t kv = at.head, j = at.tok, batch = at.batch;
     float s = 0.f;
     for (int64_t x = lane; x < pb.d; x += kLaneGroup) {
       const float from_state = state_k ? state_k[row * pb.d + x] : 0.f;
@@ -48,7 +50,7 @@ __global__ void finish_keys_kernel(expanse_tensor k, expanse_tensor dk, expanse_
     }
     for (int o = kLaneGroup / 2; o > 0; o >>= 1) s += shfl_xor_group(s, o);
     if (lane == 0) kdk[row] = fmaf(float(pb.p), am[row], s);
-    const float w = dv_state ? keys.to_chunk_end(batch * pb.h + kv, pb.t, pb.n, j / pb.c, j) : 0.f;
+    const float w = dv_state ? keys.to_chunk_end(batch * pb.h + kv, pb.t, pb.n, quotient(j, pb.c), j) : 0.f;
     for (int64_t y = lane; y < pb.e; y += kLaneGroup) {
       float grad = sum_v[row * pb.e + y];
       if (dv_state) grad += w * to_f32(dv_state[row * pb.e + y]);

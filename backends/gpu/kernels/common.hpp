@@ -146,6 +146,21 @@ struct gates {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (count);  \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
+// a / b for non-negative a, b, in 32-bit arithmetic where both fit: a 64-bit division is a long
+// software routine on GPUs (three per row took most of the per-token kernels' instructions).
+__device__ __forceinline__ int64_t quotient(int64_t a, int64_t b) {
+  return a <= INT32_MAX && b <= INT32_MAX ? int64_t(uint32_t(a) / uint32_t(b)) : a / b;
+}
+
+// The (batch, token, head) of row `row` of a [b, t, heads] array.
+struct token_row {
+  int64_t batch, tok, head;
+};
+__device__ __forceinline__ token_row split_row(int64_t row, int64_t t, int64_t heads) {
+  const int64_t rest = quotient(row, heads), batch = quotient(rest, t);
+  return {batch, rest - batch * t, row - rest * heads};
+}
+
 inline unsigned grid_for(int64_t count, int threads) {
   const int64_t blocks = (count + threads - 1) / threads;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks));
