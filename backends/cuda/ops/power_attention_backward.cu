@@ -12,8 +12,9 @@
 //      dZ_{m+1} per chunk, and the gates' boundary terms
 //   6. dk's state term (kernels/sm80/mma_state_pullback.cuh), dv's as query_state (list) of k against
 //      dY_{m+1}, dq's (the pullback of S_m, z_m)
-//   7. the gradients in their dtypes with q . dq and k . dk (gpu/kernels/backward_outputs.hpp), then
-//      dlog_g chunk by chunk (gpu/ops/power_attention_backward.cu)
+//   7. the gradients in their dtypes with q . dq and k . dk: dq and dk by the pullbacks where they ran,
+//      the rest by gpu/kernels/backward_outputs.hpp; then dlog_g chunk by chunk
+//      (gpu/ops/power_attention_backward.cu)
 #include <cmath>
 
 #include "gpu/kernels/backward_chunked.hpp"
@@ -108,8 +109,6 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
   float* sum_v = lc.ws.take<float>(size_t(krows * pb.e));
   float* am_q = lc.ws.take<float>(size_t(qrows));
   float* am_k = lc.ws.take<float>(size_t(krows));
-  float* state_q = plan.forward_states ? lc.ws.take<float>(size_t(qrows * pb.d)) : nullptr;
-  float* state_k = plan.cotangent_states ? lc.ws.take<float>(size_t(krows * pb.d)) : nullptr;
   float* boundary = take_boundary_sums(op, plan, lc.ws);
 
   // 1. The forward sweep.
@@ -169,10 +168,12 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
     check_launch("mma power_attention_backward pairs");
   }
 
-  // out_i = rho_i J_phi(y_i)^T (r_i M x_i + alpha_i z) per token (kernels/sm80/mma_state_pullback.cuh).
+  // out_i = rho_i J_phi(y_i)^T (r_i M x_i + alpha_i z) per token (kernels/sm80/mma_state_pullback.cuh),
+  // finished there: grad = grad_scale (sum + out) and dot = p am + y . out.
   auto pullback = [&](const expanse_tensor& yt, float y_scale, const expanse_tensor& x, const float* r,
                       const float* alpha, const expanse_tensor& M, const expanse_tensor& z, const gates& g, bool keys,
-                      int64_t heads, float* out) {
+                      int64_t heads, const float* sum, const float* am, const expanse_tensor& grad, float grad_scale,
+                      float* dot) {
     using namespace pullback_cfg;
     pullback_params P{};
     P.y = yt.data, P.y_sb = yt.strides[0], P.y_st = yt.strides[1], P.y_sh = yt.strides[2], P.y_scale = y_scale;
@@ -184,7 +185,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
       P.z = static_cast<const float*>(z.data);
       P.z_sb = z.strides[0], P.z_sn = z.strides[1], P.z_sh = z.strides[2];
     }
-    P.out = out;
+    P.sum = sum, P.am = am, P.grad = grad, P.dot = dot, P.grad_scale = grad_scale, P.pf = float(pb.p);
     P.g = g, P.keys = keys ? 1 : 0;
     P.t = pb.t, P.c = pb.c, P.n = pb.n, P.H = heads, P.h = pb.h;
     P.token_tiles = int((std::min(pb.c, pb.t) + kRows - 1) / kRows);
@@ -227,7 +228,8 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
     // 6. dk's and dv's state terms.
     dv_state = b16_view(lc.ws.take<unsigned char>(size_t(krows * pb.e) * 2), pb.input_dtype, {pb.b, pb.t, pb.h, pb.e}, dev);
     if (!sizing && krows > 0)
-      pullback(*a.k, 1.f, *a.v, nullptr, nullptr, st.dY, st.dZ, shared.g.keys(), true, pb.h, state_k);
+      pullback(*a.k, 1.f, *a.v, nullptr, nullptr, st.dY, st.dZ, shared.g.keys(), true, pb.h, sum_k, am_k, *a.dk, 1.f,
+               w.kdk);
     const expanse_query_state_args qs{a.k, &st.dY, nullptr, nullptr, nullptr, nullptr, nullptr, &dv_state,
                                       pb.p, 1.0,   pb.c,   0,       pb.layout};
     expanse_problem qs_pb = plain_problem(pb.h, pb.input_dtype);
@@ -237,21 +239,22 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
   }
   // dq's state term.
   if (!sizing && st.S.data && qrows > 0)
-    pullback(*a.q, scale, *a.dout, w.rden, st.z.data ? w.dden : nullptr, st.S, st.z, shared.g, false, pb.hq, state_q);
+    pullback(*a.q, scale, *a.dout, w.rden, st.z.data ? w.dden : nullptr, st.S, st.z, shared.g, false, pb.hq, sum_q, am_q,
+             *a.dq, scale, w.qdq);
   if (sizing) return;
 
   // 7. The gradients, then the gates'.
   with_b16_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (qrows > 0) {
-      finish_queries_kernel<T><<<grid_for(qrows * kLaneGroup, 128), 128, 0, lc.stream>>>(
-          *a.q, *a.dq, sum_q, state_q, am_q, scale, float(pb.p), w.qdq, qrows, pb.d);
+    if (qrows > 0 && !st.S.data) {
+      finish_queries_kernel<T><<<grid_for(qrows * kLaneGroup, 128), 128, 0, lc.stream>>>(*a.dq, sum_q, am_q, scale,
+                                                                                        float(pb.p), w.qdq, qrows, pb.d);
       check_launch("mma power_attention_backward dq");
     }
     if (krows > 0) {
       finish_keys_kernel<T><<<grid_for(krows * kLaneGroup, 128), 128, 0, lc.stream>>>(
-          *a.k, *a.dk, *a.dv, sum_k, state_k, sum_v, dv_state.data ? static_cast<const T*>(dv_state.data) : nullptr,
-          am_k, shared.g.keys(), pb, w.kdk);
+          *a.dk, *a.dv, sum_k, sum_v, dv_state.data ? static_cast<const T*>(dv_state.data) : nullptr, am_k,
+          shared.g.keys(), pb, w.kdk, !plan.cotangent_states);
       check_launch("mma power_attention_backward dk, dv");
     }
   });

@@ -99,8 +99,12 @@ void launch_reverse_scan(const expanse_op& op, const backward_states& st, const 
                        tensor_or_empty(a.dinitial_z), static_cast<const float*>(fw.S_final.data),
                        static_cast<const float*>(fw.z_final.data)};
   const int64_t tiles = (per_head + kBackwardThreads - 1) / kBackwardThreads;
-  reverse_scan_kernel<<<unsigned(tiles * heads), kBackwardThreads, 0, lc.stream>>>(st, Xs, Xz, ends, g, pb, boundary);
+  reverse_scan_kernel<<<unsigned(tiles * heads), kBackwardThreads, 0, lc.stream>>>(st, Xs, Xz, ends, g, pb);
   check_launch("power_attention_backward reverse scan");
+  if (!boundary || pb.n == 0) return;
+  const int64_t boundary_tiles = (per_head + kBoundaryEntries - 1) / kBoundaryEntries;
+  boundary_sums_kernel<<<unsigned(boundary_tiles * heads * pb.n), kBackwardThreads, 0, lc.stream>>>(st, ends, pb, boundary);
+  check_launch("power_attention_backward boundary terms");
 }
 
 void launch_gate_gradients(const expanse_op& op, const float* boundary, backward_work w, launch_context& lc) {

@@ -35,7 +35,15 @@ struct pullback_params {
   int64_t M_sb, M_sn, M_sh, M_sr;
   const float* z;      // [b,n,h,D] f32, last dim contiguous; null: no z term
   int64_t z_sb, z_sn, z_sh;
-  float* out;          // [b,t,H,d] f32, contiguous: written
+  // The epilogue finishes the gradient (what gpu/kernels/backward_outputs.hpp does without states):
+  // grad = grad_scale (sum + out) in the input dtype and dot = pf am + y . out (y as staged, y_scale
+  // times the tensor: q . dq for the queries, k . dk for the keys). Fused here, it saved a pass over
+  // out in f32 and the finishing kernels' 0.3 + 0.3 ms at P1 t = 65536.
+  const float* sum;    // [b,t,H,d] f32, contiguous: the pairs' part
+  const float* am;     // [b,t,H] f32: sum of A_ij M_ij by row (queries) or by key
+  expanse_tensor grad;  // [b,t,H,d], the input dtype
+  float* dot;          // [b,t,H] f32: written
+  float grad_scale, pf;
   gates g;             // rho: exp(Gc_i) (queries) or exp(total - Gc_j) (keys, g.keys())
   int keys;            // 1: rho = exp(total - Gc_j)
   int64_t t, c, n, H, h;
@@ -198,11 +206,22 @@ __global__ void __launch_bounds__(256, 2) mma_state_pullback_kernel(pullback_par
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int r = row[hf];
-    if (r0 + r >= len) continue;
-    float* out = P.out + ((batch * P.t + first + r0 + r) * P.H + head) * DH;
+    const bool in = r0 + r < len;  // every lane takes part in the quad's sum below
+    const int64_t i = first + r0 + r, token_row = (batch * P.t + i) * P.H + head;
     const float w = rho[r];
-    for (int col = 2 * tq; col < DH; col += 8)
-      *reinterpret_cast<float2*>(out + col) = make_float2(w * outs[r * kYS + col], w * outs[r * kYS + col + 1]);
+    float dot = 0.f;
+    for (int col = 2 * tq; col < DH; col += 8) {
+      const float s0 = w * outs[r * kYS + col], s1 = w * outs[r * kYS + col + 1];
+      dot = fmaf(ys[r * kYS + col], s0, fmaf(ys[r * kYS + col + 1], s1, dot));
+      if (!in) continue;
+      const float2 pairs = *reinterpret_cast<const float2*>(P.sum + token_row * DH + col);
+      T* g = static_cast<T*>(P.grad.data) + off4(P.grad, batch, i, head, col);
+      g[0] = from_f32<T>(P.grad_scale * (pairs.x + s0));
+      g[P.grad.strides[3]] = from_f32<T>(P.grad_scale * (pairs.y + s1));
+    }
+    dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+    dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+    if (in && tq == 0) P.dot[token_row] = fmaf(P.pf, P.am[token_row], dot);
   }
 }
 
