@@ -3,6 +3,8 @@
 // to nearest even), the rows of the phi table, and the gate sums of each chunk.
 #pragma once
 
+#include <type_traits>
+
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
@@ -220,10 +222,10 @@ KOKKOS_INLINE_FUNCTION void team_add_product(const Member& team, float* acc, con
       }
       for (int c = 0; c < kColumns; ++c) out[c] = sum[c];
     } else {
-      for (int64_t col = 0; col < cols - c0; ++col) {
-        float sum = out[col];
-        for (int64_t k = 0; k < inner; ++k) sum += ar[k] * b[k * cols + c0 + col];
-        out[col] = sum;
+      for (int64_t col = 0; col < cols - c0; ++col) {  // few columns (a narrow e, or z's): summed in f64
+        double sum = out[col];
+        for (int64_t k = 0; k < inner; ++k) sum += double(ar[k]) * b[k * cols + c0 + col];
+        out[col] = float(sum);
       }
     }
   });
@@ -232,33 +234,50 @@ KOKKOS_INLINE_FUNCTION void team_add_product(const Member& team, float* acc, con
 // ph[r * r_stride + j * j_stride] = phi_{r0 + r}(x_j) for rows r < rows and the tokens x [tokens][d]
 // in scratch: a tile of phi, never more of it. The degree is a template argument inside, so that each
 // entry's product is unrolled (with p read in the loop, it took a sixth of update_state on the host).
-template <int P, class Member>
+// kExact: scale_p phi(x_j), each entry formed in f64 (the coefficient and scale_p exact) and rounded
+// once, for query_state, whose products with a state cancel where the state's entries have both
+// signs: four f32 roundings per entry left its o 2e-5 off on a p = 4 case of the table (tolerance
+// 1e-5). Not in update_state: 2% of the README demo's forward for no measured gain.
+template <int P, bool kExact, class Member>
 KOKKOS_INLINE_FUNCTION void team_phi_tile_of_degree(const Member& team, float* ph, int64_t r_stride, int64_t j_stride,
                                                     const phi_row* table, int64_t r0, int64_t rows, const float* x,
-                                                    int64_t tokens, int64_t d) {
+                                                    int64_t tokens, int64_t d, double scale_p) {
+  using V = typename std::conditional<kExact, double, float>::type;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](int64_t r) {
     const phi_row row = table[r0 + r];
     for (int64_t j = 0; j < tokens; ++j) {
       const float* xj = x + j * d;
-      float v = row.coef;
+      V v = kExact ? V(scale_p * row.coef) : V(row.coef);
       for (int k = 0; k < P; ++k) v *= xj[row.idx[k]];
-      ph[r * r_stride + j * j_stride] = v;
+      ph[r * r_stride + j * j_stride] = float(v);
     }
   });
+}
+template <bool kExact, class Member>
+KOKKOS_INLINE_FUNCTION void team_phi_tile_of(const Member& team, float* ph, int64_t r_stride, int64_t j_stride,
+                                             const phi_row* table, int64_t r0, int64_t rows, int p, const float* x,
+                                             int64_t tokens, int64_t d, double scale_p) {
+  static_assert(kMaxDegree == 6, "team_phi_tile names each degree");
+  switch (p) {
+    case 1: return team_phi_tile_of_degree<1, kExact>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d, scale_p);
+    case 2: return team_phi_tile_of_degree<2, kExact>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d, scale_p);
+    case 3: return team_phi_tile_of_degree<3, kExact>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d, scale_p);
+    case 4: return team_phi_tile_of_degree<4, kExact>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d, scale_p);
+    case 5: return team_phi_tile_of_degree<5, kExact>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d, scale_p);
+    default: return team_phi_tile_of_degree<6, kExact>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d, scale_p);
+  }
 }
 template <class Member>
 KOKKOS_INLINE_FUNCTION void team_phi_tile(const Member& team, float* ph, int64_t r_stride, int64_t j_stride,
                                           const phi_row* table, int64_t r0, int64_t rows, int p, const float* x,
                                           int64_t tokens, int64_t d) {
-  static_assert(kMaxDegree == 6, "team_phi_tile names each degree");
-  switch (p) {
-    case 1: return team_phi_tile_of_degree<1>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d);
-    case 2: return team_phi_tile_of_degree<2>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d);
-    case 3: return team_phi_tile_of_degree<3>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d);
-    case 4: return team_phi_tile_of_degree<4>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d);
-    case 5: return team_phi_tile_of_degree<5>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d);
-    default: return team_phi_tile_of_degree<6>(team, ph, r_stride, j_stride, table, r0, rows, x, tokens, d);
-  }
+  team_phi_tile_of<false>(team, ph, r_stride, j_stride, table, r0, rows, p, x, tokens, d, 1.0);
+}
+template <class Member>
+KOKKOS_INLINE_FUNCTION void team_phi_tile_exact(const Member& team, float* ph, int64_t r_stride, int64_t j_stride,
+                                                const phi_row* table, int64_t r0, int64_t rows, int p, const float* x,
+                                                int64_t tokens, int64_t d, double scale_p) {
+  team_phi_tile_of<true>(team, ph, r_stride, j_stride, table, r0, rows, p, x, tokens, d, scale_p);
 }
 
 // Stages rows tok0 .. tok0 + count - 1 of one head of a token tensor [b,t,heads,width] into scratch

@@ -42,6 +42,8 @@ void launch_query_state(const Space& space, tensor_ref q, tensor_ref S, tensor_r
   const int64_t E1 = pb.e + 1;
   const size_t bytes = sizeof(float) * size_t(kTokens * pb.d + kTokens * E1 + kRows * E1 + kTokens * kRows);
   const bool has_state = S.present();
+  double scale_p = 1.0;
+  for (int k = 0; k < pb.p; ++k) scale_p *= pb.scale;
   policy teams(space, query_block::teams(kTokens, pb), Kokkos::AUTO);
   const int level = set_team_scratch(teams, bytes);
   Kokkos::parallel_for(
@@ -54,7 +56,7 @@ void launch_query_state(const Space& space, tensor_ref q, tensor_ref S, tensor_r
         float* acc = qs + kTokens * d;     // [kTokens][E1]: numerator, then denominator
         float* st = acc + kTokens * E1;    // [kRows][E1]: state rows, then z
         float* ph = st + kRows * E1;       // [kTokens][kRows]
-        team_load_rows(team, qs, q, batch, first + i0, qh, tq, d, float(pb.scale));
+        team_load_rows(team, qs, q, batch, first + i0, qh, tq, d);  // unscaled: the phi tile takes scale^p
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, int64_t(kTokens) * E1), [&](int64_t i) { acc[i] = 0.f; });
         for (int64_t r0 = 0; has_state && r0 < pb.D; r0 += kRows) {
           const int64_t rows = r0 + kRows < pb.D ? kRows : pb.D - r0;
@@ -63,7 +65,7 @@ void launch_query_state(const Space& space, tensor_ref q, tensor_ref S, tensor_r
             const int64_t r = r0 + row;
             st[row * E1 + col] = col < e ? S.get(S.at(batch, m, kv, r, col)) : z.present() ? z.get(z.at(batch, m, kv, r)) : 0.f;
           });
-          team_phi_tile(team, ph, 1, kRows, table, r0, rows, pb.p, qs, tq, d);
+          team_phi_tile_exact(team, ph, 1, kRows, table, r0, rows, pb.p, qs, tq, d, scale_p);
           team.team_barrier();
           team_add_product(team, acc, ph, kRows, st, tq, rows, E1);
         }
