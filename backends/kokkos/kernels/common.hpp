@@ -144,10 +144,15 @@ KOKKOS_INLINE_FUNCTION void add_phi_pullback(const phi_row& row, int p, const fl
 // the pair then dominates its row (its log is the row maximum; its tiny denominator makes its
 // gradients the largest), so f32 sums of a rounded scale q missed the f32 tolerance (rowmax 1.3e-5,
 // dq 1.1e-5; 1e-5 is the tolerance).
+// The products are exact in f64; four independent sums, as one chain of f64 adds (4 cycles each, not
+// vectorized without reassociation) made this dot a third of chunk_attention on the host.
 KOKKOS_INLINE_FUNCTION double scaled_dot(const float* q, const float* k, int64_t d, double scale) {
-  double dot = 0.0;
-  for (int64_t a = 0; a < d; ++a) dot += double(q[a]) * k[a];
-  return scale * dot;
+  double part[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t a = 0;
+  for (; a + 4 <= d; a += 4)
+    for (int u = 0; u < 4; ++u) part[u] += double(q[a + u]) * k[a + u];
+  for (; a < d; ++a) part[0] += double(q[a]) * k[a];
+  return scale * ((part[0] + part[1]) + (part[2] + part[3]));
 }
 
 // The gates of each chunk, per [b,h] row of tokens (made once per call, ops/common.cpp). The decays
