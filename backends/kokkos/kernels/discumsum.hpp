@@ -14,6 +14,9 @@ struct state_ref {
   tensor_ref t;
   int64_t shape[kMaxDims] = {};
   bool chunk_axis = true;
+  // The stride of one element where the trailing dims are packed (then elem_offset is elem times it,
+  // with no division per dim: they were most of discumsum on the host); 0 where they are not.
+  int64_t packed_stride = 0;
   // The offset of element `elem` (row-major over the trailing dims) of (batch, chunk, head), in two
   // parts: of (batch, chunk, head) and of the element.
   KOKKOS_INLINE_FUNCTION int64_t offset(int64_t batch, int64_t chunk, int64_t head, int64_t elem) const {
@@ -23,6 +26,7 @@ struct state_ref {
     return batch * t.stride[0] + (chunk_axis ? chunk * t.stride[1] + head * t.stride[2] : head * t.stride[1]);
   }
   KOKKOS_INLINE_FUNCTION int64_t elem_offset(int64_t elem) const {
+    if (packed_stride != 0) return elem * packed_stride;
     int64_t off = 0;
     for (int dim = t.ndim - 1; dim >= (chunk_axis ? 3 : 2); --dim) {
       off += (elem % shape[dim]) * t.stride[dim];
@@ -34,11 +38,20 @@ struct state_ref {
   KOKKOS_INLINE_FUNCTION int64_t chunk_stride() const { return chunk_axis ? t.stride[1] : 0; }
 };
 
+// packed_stride of s: its last dim's stride where every trailing dim steps by the size of the next.
+inline void find_packed_stride(state_ref& s) {
+  const int first = s.chunk_axis ? 3 : 2, last = s.t.ndim - 1;
+  bool packed = last >= first;
+  for (int dim = first; packed && dim < last; ++dim) packed = s.t.stride[dim] == s.t.stride[dim + 1] * s.shape[dim + 1];
+  s.packed_stride = packed ? s.t.stride[last] : 0;
+}
+
 // A contiguous state buffer t of the given shape [b, chunks, h, ...] (the composed operations' own).
 inline state_ref chunk_states_of(const tensor_ref& t, std::initializer_list<int64_t> shape) {
   state_ref s;
   s.t = t;
   for (size_t i = 0; i < shape.size(); ++i) s.shape[i] = shape.begin()[i];
+  find_packed_stride(s);
   return s;
 }
 
@@ -46,8 +59,10 @@ inline state_ref state_of(const expanse_tensor* x, bool chunk_axis) {
   state_ref s;
   s.t = tensor_ref(x);
   s.chunk_axis = chunk_axis;
-  if (x != nullptr)
+  if (x != nullptr) {
     for (int i = 0; i < x->ndim; ++i) s.shape[i] = x->shape[i];
+    find_packed_stride(s);
+  }
   return s;
 }
 
