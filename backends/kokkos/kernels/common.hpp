@@ -3,8 +3,6 @@
 // to nearest even), the rows of the phi table, and the gate sums of each chunk.
 #pragma once
 
-#include <type_traits>
-
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
@@ -247,14 +245,11 @@ template <int P, bool kExact, class Member>
 KOKKOS_INLINE_FUNCTION void team_phi_tile_of_degree(const Member& team, float* ph, int64_t r_stride, int64_t j_stride,
                                                     const phi_row* table, int64_t r0, int64_t rows, const float* x,
                                                     int64_t tokens, int64_t d, double scale_p) {
-  using V = typename std::conditional<kExact, double, float>::type;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](int64_t r) {
     const phi_row row = table[r0 + r];
     for (int64_t j = 0; j < tokens; ++j) {
       const float* xj = x + j * d;
-      V v = kExact ? V(scale_p * row.coef) : V(row.coef);
-      for (int k = 0; k < P; ++k) v *= xj[row.idx[k]];
-      ph[r * r_stride + j * j_stride] = float(v);
+      ph[r * r_stride + j * j_stride] = kExact ? float(scale_p * phi_entry<double>(row, P, xj)) : phi_entry<float>(row, P, xj);
     }
   });
 }
