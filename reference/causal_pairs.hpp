@@ -40,19 +40,29 @@ inline Vector causal_row_sums(const RowMatrix& Qs, const RowMatrix& K, const Pre
 // The pairs' gradients, added: dQs_i += sum_j B_ij k_j (the gradient w.r.t. scale q_i), dK_j += sum_i
 // B_ij scale q_i, dV_j += sum_i A_ij dnum_i with B_ij = p (scale q_i . k_j)^(p-1) exp(Gc_i - Gc_j) M_ij;
 // and dG (the cotangent of Gc) += sum_j A_ij M_ij at i, -= sum_i A_ij M_ij at j.
+// Normalized attention passes its outputs O: there dden_i = -dnum_i . o_i, and M_ij is taken as
+// dnum_i . (v_j - o_i), the same value but exactly 0 where v_j = o_i. A key alone in its segment
+// gives o_i = v_j whatever q_i, so q_i's true gradient is 0; dnum_i . v_j + dden_i would instead
+// leave a rounding residue of |dnum_i| |v_j|, which a denominator near 0 makes large.
 inline void add_causal_gradients(const RowMatrix& Qs, const RowMatrix& K, const RowMatrix& V, const PrefixSum& Gc,
-                                 int p, const RowMatrix& dnum, const Vector& dden, RowMatrix& dQs, RowMatrix& dK,
-                                 RowMatrix& dV, Vector& dG) {
+                                 int p, const RowMatrix& dnum, const Vector& dden, const RowMatrix* O,
+                                 RowMatrix& dQs, RowMatrix& dK, RowMatrix& dV, Vector& dG) {
   for (int64_t i0 = 0; i0 < Qs.rows(); i0 += kRowBlock) {
     const int64_t rows = std::min(kRowBlock, Qs.rows() - i0);
     const causal_block blk(Qs.middleRows(i0, rows), K, Gc, i0);
     const int64_t keys = blk.keys();
-    const RowMatrix M = dnum.middleRows(i0, rows) * V.topRows(keys).transpose();
+    RowMatrix M(rows, keys);  // M_ij
+    if (O) {
+      for (int64_t r = 0; r < rows; ++r)
+        M.row(r) = ((V.topRows(keys).rowwise() - O->row(i0 + r)) * dnum.row(i0 + r).transpose()).transpose();
+    } else {
+      M = (dnum.middleRows(i0, rows) * V.topRows(keys).transpose()).colwise() + dden.segment(i0, rows);
+    }
     RowMatrix A = RowMatrix::Zero(rows, keys), B = RowMatrix::Zero(rows, keys);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j <= i0 + r; ++j) {
         if (blk.decay(r, j) == 0.0) continue;
-        const double m_ij = M(r, j) + dden(i0 + r);
+        const double m_ij = M(r, j);
         A(r, j) = blk.score(r, j, p);
         B(r, j) = p * ipow(blk.dots(r, j), p - 1) * blk.decay(r, j) * m_ij;
         dG(i0 + r) += A(r, j) * m_ij;

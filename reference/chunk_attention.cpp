@@ -100,7 +100,7 @@ void chunk_attention_backward(const expanse_problem& pb, const expanse_chunk_att
       const Vector dden = a.dl ? Vector(unscale.cwiseProduct(gather_token_scalars(*a.dl, bi, qh, ch.first, ch.len)))
                                : Vector(Vector::Zero(ch.len));
       RowMatrix dQs = RowMatrix::Zero(ch.len, pb.d);
-      add_causal_gradients(Qs, K, V, Gc, pb.p, dnum, dden, dQs, dK, dV, dG);
+      add_causal_gradients(Qs, K, V, Gc, pb.p, dnum, dden, /*O=*/nullptr, dQs, dK, dV, dG);
       scatter_tokens(*a.dq, bi, qh, ch.first, pb.scale * dQs);
     }
     scatter_tokens(*a.dk, bi, kv, ch.first, dK);

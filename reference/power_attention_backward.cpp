@@ -35,21 +35,22 @@ namespace {
 struct query_cotangents {
   RowMatrix dnum;  // [len x e]
   Vector dden;     // [len]
+  RowMatrix o;     // [len x e], the forward's outputs; empty unless normalized
 };
 
 query_cotangents cotangents(const expanse_problem& pb, const expanse_power_attention_backward_args& a,
                             int64_t bi, int64_t qh, const ChunkRange& ch, const RowMatrix& Qs, const RowMatrix& phiQ,
                             const RowMatrix& K, const PrefixSum& Gc, const Vector& decay, const Vector& z) {
-  query_cotangents c{gather_tokens(*a.dout, bi, qh, ch.first, ch.len), Vector::Zero(ch.len)};
+  query_cotangents c{gather_tokens(*a.dout, bi, qh, ch.first, ch.len), Vector::Zero(ch.len), RowMatrix()};
   if (!pb.normalize) return c;
   const Vector den = decay.cwiseProduct(phiQ * z) + causal_row_sums(Qs, K, Gc, pb.p);  // state + pairs
-  const RowMatrix O = gather_tokens(*a.o, bi, qh, ch.first, ch.len);
+  c.o = gather_tokens(*a.o, bi, qh, ch.first, ch.len);
   for (int64_t i = 0; i < ch.len; ++i) {
     if (den(i) == 0.0) {  // o_i = 0 there, whatever the inputs: no gradient flows
       c.dnum.row(i).setZero();
       continue;
     }
-    c.dden(i) = -c.dnum.row(i).dot(O.row(i)) / den(i);
+    c.dden(i) = -c.dnum.row(i).dot(c.o.row(i)) / den(i);
     c.dnum.row(i) /= den(i);
   }
   return c;
@@ -111,7 +112,7 @@ void power_attention_backward(const expanse_problem& pb, const expanse_power_att
         const RowMatrix dPhiQ = decay.asDiagonal() * (ct.dnum * Sm.transpose() + ct.dden * zm.transpose());
         dGc += phiQ.cwiseProduct(dPhiQ).rowwise().sum();
         RowMatrix dQs = phi.pullback_rows(Qs, dPhiQ);  // w.r.t. scale q; the chain rule's scale below
-        add_causal_gradients(Qs, K, V, Gc, pb.p, ct.dnum, ct.dden, dQs, dK, dV, dGc);
+        add_causal_gradients(Qs, K, V, Gc, pb.p, ct.dnum, ct.dden, pb.normalize ? &ct.o : nullptr, dQs, dK, dV, dGc);
         scatter_tokens(*a.dq, bi, qh, ch.first, pb.scale * dQs);
         dYq += phiQ.transpose() * (decay.asDiagonal() * ct.dnum);
         dZq += phiQ.transpose() * decay.cwiseProduct(ct.dden);

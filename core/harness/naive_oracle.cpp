@@ -209,6 +209,31 @@ struct problem {
     return sum;
   }
 
+  // Query qs's pairs with the keys j <= ti of (bi, hi), in sequences of T tokens, summed in the
+  // token domain: den = sum_j w_j and num = sum_j w_j v_j, w_j = exp(sum of log_g over (j, ti])
+  // (s q . k_j)^p; and state_decay = exp(sum of log_g over [0, ti]), the decay of the state before
+  // token 0. Not as phi(q) . z_ti: the same value, but that dot product is a sum of D terms of mixed
+  // sign whose cancellation loses digits where den is a few terms of nearly orthogonal q and k.
+  struct pair_sums {
+    real den = 0, state_decay = 1;
+    std::vector<real> num;
+  };
+  pair_sums causal_pair_sums(int64_t bi, int64_t hi, int64_t ti, int64_t T, const std::vector<real>& qs) const {
+    pair_sums sums;
+    sums.num.assign(static_cast<size_t>(e), 0.0);
+    real log_w = 0;  // the sum of log_g over (j, ti]
+    for (int64_t j = ti; j >= 0; --j) {
+      const int64_t kv = (bi * T + j) * h + hi;
+      const std::vector<real> vj = in.vec("v", kv * e, e);
+      const real w = std::exp(log_w) * std::pow(dot(qs, in.vec("k", kv * d, d)), p);
+      sums.den += w;
+      for (int64_t y = 0; y < e; ++y) sums.num[static_cast<size_t>(y)] += w * vj[static_cast<size_t>(y)];
+      if (gated) log_w += in.at("log_g", kv);
+    }
+    sums.state_decay = std::exp(log_w);
+    return sums;
+  }
+
   tensor_map sympow_expand() const {
     tensor_map out;
     host_tensor o = host_tensor::zeros(EXPANSE_F64, {t, D});
@@ -384,42 +409,31 @@ struct problem {
           if (cfg.normalize) z = in.vec(zname, (bi * h + hi) * D, D);
         }
         const std::vector<real> S0 = S, S0z = z;
-        auto logg_at = [&](int64_t ti) { return gated ? real(in.at("log_g", (bi * T + ti) * h + hi)) : real(0); };
-        std::vector<std::vector<real>> ks, vs;  // the head's tokens so far
         for (int64_t ti = 0; ti < T; ++ti) {
-          const real g = std::exp(logg_at(ti));
-          ks.push_back(in.vec("k", sk(bi, ti, hi), d));
-          vs.push_back(in.vec("v", sv(bi, ti, hi), e));
-          const std::vector<real> fk = phi_ext(ks.back(), p, cfg.layout), &vj = vs.back();
+          const real g = gated ? std::exp(real(in.at("log_g", (bi * T + ti) * h + hi))) : real(1);
+          const std::vector<real> fk = phi_ext(in.vec("k", sk(bi, ti, hi), d), p, cfg.layout);
+          const std::vector<real> vj = in.vec("v", sv(bi, ti, hi), e);
           for (int64_t x = 0; x < D; ++x) {
             z[static_cast<size_t>(x)] = g * z[static_cast<size_t>(x)] + fk[static_cast<size_t>(x)];
             for (int64_t y = 0; y < e; ++y)
               S[static_cast<size_t>(x * e + y)] = g * S[static_cast<size_t>(x * e + y)] + fk[static_cast<size_t>(x)] * vj[static_cast<size_t>(y)];
           }
-          // o_t from the pairs (s q_t . k_j)^p, not as phi(q_t) . S_t: the same value, but that dot
-          // product is a sum of D terms of mixed sign whose cancellation loses digits where den is a
-          // few terms of nearly orthogonal q and k (the first tokens).
+          // o_t from the pairs (see causal_pair_sums), plus the decayed state before token 0.
           for (int64_t qi = hi * r; qi < (hi + 1) * r; ++qi) {
             const std::vector<real> qs = scaled(in.vec("q", sq(bi, ti, qi), d), scale);
-            real den = 0, log_w = 0;  // log_w: the sum of log_g over (j, ti]
-            std::vector<real> num(static_cast<size_t>(e), 0.0);
-            for (int64_t j = ti; j >= 0; log_w += logg_at(j), --j) {
-              const real w = std::exp(log_w) * std::pow(dot(qs, ks[static_cast<size_t>(j)]), p);
-              den += w;
-              for (int64_t y = 0; y < e; ++y) num[static_cast<size_t>(y)] += w * vs[static_cast<size_t>(j)][static_cast<size_t>(y)];
-            }
-            if (has_init) {  // the state before token 0, decayed by log_g over [0, ti]
+            pair_sums ps = causal_pair_sums(bi, hi, ti, T, qs);
+            if (has_init) {
               const std::vector<real> fq = phi_ext(qs, p, cfg.layout);
-              const real w = std::exp(log_w);
+              const real w = ps.state_decay;
               for (int64_t x = 0; x < D; ++x) {
-                if (cfg.normalize) den += w * fq[static_cast<size_t>(x)] * S0z[static_cast<size_t>(x)];
+                if (cfg.normalize) ps.den += w * fq[static_cast<size_t>(x)] * S0z[static_cast<size_t>(x)];
                 for (int64_t y = 0; y < e; ++y)
-                  num[static_cast<size_t>(y)] += w * fq[static_cast<size_t>(x)] * S0[static_cast<size_t>(x * e + y)];
+                  ps.num[static_cast<size_t>(y)] += w * fq[static_cast<size_t>(x)] * S0[static_cast<size_t>(x * e + y)];
               }
             }
             for (int64_t y = 0; y < e; ++y) {
-              real v = num[static_cast<size_t>(y)];
-              if (cfg.normalize) v = (den == 0.0) ? 0.0 : v / den;
+              real v = ps.num[static_cast<size_t>(y)];
+              if (cfg.normalize) v = (ps.den == 0.0) ? 0.0 : v / ps.den;
               o.set(((bi * T + ti) * hq + qi) * e + y, v);
             }
           }
@@ -471,35 +485,9 @@ struct problem {
         for (int64_t ti = t - 1; ti >= 0; --ti) {
           const std::vector<real>& Si = states[size_t(ti + 1)];
           const std::vector<real>& zi = zs[size_t(ti + 1)];
-          for (int64_t qi = hi * r; qi < (hi + 1) * r; ++qi) {
-            const std::vector<real> qs = scaled(in.vec("q", qoff(bi, ti, qi), d), scale);
-            const std::vector<real> fq = phi_ext(qs, p, cfg.layout);
-            const int64_t row = (bi * t + ti) * hq + qi;
-            std::vector<real> dnum = in.vec("dout", row * e, e);
-            real dden = 0;
-            if (cfg.normalize) {
-              const real den = dot(fq, zi);
-              if (den == 0.0) {
-                dnum.assign(size_t(e), 0.0);
-              } else {
-                dden = -dot(dnum, in.vec("o", row * e, e)) / den;
-                for (real& x : dnum) x /= den;
-              }
-            }
-            std::vector<real> dfq(size_t(D), 0.0);
-            for (int64_t x = 0; x < D; ++x) {
-              dfq[size_t(x)] = zi[size_t(x)] * dden;
-              for (int64_t y = 0; y < e; ++y) {
-                dfq[size_t(x)] += Si[size_t(x * e + y)] * dnum[size_t(y)];
-                dS[size_t(x * e + y)] += fq[size_t(x)] * dnum[size_t(y)];
-              }
-              dz[size_t(x)] += fq[size_t(x)] * dden;
-            }
-            const std::vector<real> g = phi_pullback(qs, dfq, p, cfg.layout);
-            for (int64_t x = 0; x < d; ++x) dq.set(row * d + x, scale * g[size_t(x)]);
-          }
           const std::vector<real> kj = in.vec("k", koff(bi, ti, hi), d), vj = in.vec("v", voff(bi, ti, hi), e);
           const std::vector<real> fk = phi_ext(kj, p, cfg.layout);
+          // Key ti's cotangents from the later queries (dS, dz hold the state's cotangent from them) ...
           std::vector<real> dfk(size_t(D), 0.0), dvj(size_t(e), 0.0);
           for (int64_t x = 0; x < D; ++x) {
             dfk[size_t(x)] = dz[size_t(x)];
@@ -507,6 +495,46 @@ struct problem {
               dfk[size_t(x)] += dS[size_t(x * e + y)] * vj[size_t(y)];
               dvj[size_t(y)] += dS[size_t(x * e + y)] * fk[size_t(x)];
             }
+          }
+          for (int64_t qi = hi * r; qi < (hi + 1) * r; ++qi) {
+            const std::vector<real> qs = scaled(in.vec("q", qoff(bi, ti, qi), d), scale);
+            const std::vector<real> fq = phi_ext(qs, p, cfg.layout);
+            const int64_t row = (bi * t + ti) * hq + qi;
+            std::vector<real> dnum = in.vec("dout", row * e, e);
+            std::vector<real> o(size_t(e), 0.0);  // the output; stays 0 unless normalized
+            real dden = 0;
+            if (cfg.normalize) {
+              o = in.vec("o", row * e, e);
+              const pair_sums ps = causal_pair_sums(bi, hi, ti, t, qs);  // den as the forward sums it
+              const real den = ps.den + (has_init ? ps.state_decay * dot(fq, zs[0]) : 0);
+              if (den == 0.0) {
+                dnum.assign(size_t(e), 0.0);
+              } else {
+                dden = -dot(dnum, o) / den;
+                for (real& x : dnum) x /= den;
+              }
+            }
+            // dfq = S_i dnum + z_i dden, with dden = -dnum . o, summed as (S_i - z_i o^T) dnum: exactly 0
+            // where the state holds a single key, whose value o then equals whatever q is, instead of a
+            // rounding residue of |S_i dnum| that a denominator near 0 makes large.
+            std::vector<real> dfq(size_t(D), 0.0);
+            for (int64_t x = 0; x < D; ++x) {
+              for (int64_t y = 0; y < e; ++y) {
+                dfq[size_t(x)] += (Si[size_t(x * e + y)] - zi[size_t(x)] * o[size_t(y)]) * dnum[size_t(y)];
+                dS[size_t(x * e + y)] += fq[size_t(x)] * dnum[size_t(y)];
+              }
+              dz[size_t(x)] += fq[size_t(x)] * dden;
+            }
+            const std::vector<real> g = phi_pullback(qs, dfq, p, cfg.layout);
+            for (int64_t x = 0; x < d; ++x) dq.set(row * d + x, scale * g[size_t(x)]);
+            // ... and from query ti itself, taken apart for the same reason: dphi(k) gets
+            // phi(q) dnum . (v - o), and dv gets phi(q) . phi(k) dnum with phi(q) . phi(k) = (q . k)^p
+            // from the d-dimensional dot, not from D products that cancel where q . k is near 0.
+            real own = 0;
+            for (int64_t y = 0; y < e; ++y) own += dnum[size_t(y)] * (vj[size_t(y)] - o[size_t(y)]);
+            for (int64_t x = 0; x < D; ++x) dfk[size_t(x)] += fq[size_t(x)] * own;
+            const real kernel = std::pow(dot(qs, kj), p);
+            for (int64_t y = 0; y < e; ++y) dvj[size_t(y)] += kernel * dnum[size_t(y)];
           }
           const std::vector<real> dkj = phi_pullback(kj, dfk, p, cfg.layout);
           for (int64_t x = 0; x < d; ++x) dk.set(koff(bi, ti, hi) + x, dkj[size_t(x)]);
