@@ -41,11 +41,15 @@ host_tensor log_gate_tensor(expanse_dtype dtype, std::vector<int64_t> shape, std
   return t;
 }
 
+}  // namespace
+
 host_tensor cast(const host_tensor& src, expanse_dtype dtype) {
   host_tensor t = host_tensor::zeros(dtype, src.shape);
   for (int64_t i = 0; i < t.numel(); ++i) t.set(i, src.get(i));
   return t;
 }
+
+namespace {
 
 // A state (S [b,h,D,e], z [b,h,D]) as left by a short random gated sequence: realistic magnitudes
 // and, for even p, a positive denominator phi(q)^T z.

@@ -60,6 +60,9 @@ uint16_t double_to_f16(double x);
 double bf16_to_double(uint16_t h);
 uint16_t double_to_bf16(double x);
 
+// src's values in another dtype (rounded to nearest even).
+host_tensor cast(const host_tensor& src, expanse_dtype dtype);
+
 using tensor_map = std::map<std::string, host_tensor>;
 
 // The dtype and shape of one tensor of a case, known before any memory is allocated.

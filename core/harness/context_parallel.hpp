@@ -1,0 +1,33 @@
+// Context parallelism on simulated ranks (docs/spec.md "Context parallelism"): one sequence split
+// into pieces, each piece run as a rank would run it, the states the ranks would exchange passed
+// through host memory instead of a communicator. What the ranks compute is only the library's
+// public operations (power_attention, power_attention_backward, discumsum, discumsum_backward), so
+// these recipes are the ones a framework's collective layer follows; the tests check that they give
+// the single-sequence results on every backend.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cases.hpp"
+
+namespace expanse::harness {
+
+// power_attention of `whole` (a power_attention config: its t, b, heads, sizes, options) computed
+// piece by piece: `bounds` are the piece boundaries 0 = t_0 < t_1 < ... < t_R = t. Each rank gets
+// its piece's final state from zero and its total log decay, the states entering the pieces come
+// from discumsum over the ranks (with the sequence's initial state in front), and each rank reruns
+// its piece from its entering state. Returns o (and final_S, final_z where whole.final_state) in
+// the dtypes of run_on(ctx, whole, inputs, oracle).
+tensor_map context_parallel_forward(expanse::context& ctx, const op_config& whole, const tensor_map& inputs,
+                                    const std::vector<int64_t>& bounds, bool oracle);
+
+// power_attention_backward of `whole` (a power_attention_backward config) piece by piece: each rank's
+// backward from its entering state gives its token gradients and the cotangent of that state;
+// discumsum_backward over the ranks turns those (and dfinal) into the cotangents of the pieces' own
+// final states and total decays, which each rank then takes back to its k, v and log_g. Returns dq,
+// dk, dv (dlog_g, dinitial_S, dinitial_z as the config has them).
+tensor_map context_parallel_backward(expanse::context& ctx, const op_config& whole, const tensor_map& inputs,
+                                     const std::vector<int64_t>& bounds, bool oracle);
+
+}  // namespace expanse::harness

@@ -1,0 +1,89 @@
+// Context parallelism on simulated ranks (core/harness/context_parallel.hpp): power_attention and its
+// backward computed piece by piece, the pieces joined only through their final states, total
+// decays and the state cotangents, equal the single-sequence results on every available backend
+// (f64 on the reference, f32 elsewhere), within the docs/spec.md tolerance of the dtype: uneven
+// pieces (one of a single token), grouped heads, gates with resets, initial and final states, b > 1.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "cases.hpp"
+#include "context_parallel.hpp"
+#include "test_seed.hpp"
+
+namespace h = expanse::harness;
+
+namespace {
+
+struct split_case {
+  h::op_config cfg;  // a power_attention_backward config
+  std::vector<int64_t> bounds;
+};
+
+std::vector<split_case> split_cases() {
+  std::vector<split_case> cases;
+  h::op_config c;
+  c.op = expanse::ops::power_attention_backward;
+  c.b = 2, c.t = 45, c.hq = 4, c.h = 2, c.d = 8, c.e = 6, c.p = 2, c.c = 8;
+  c.gated = c.resets = c.normalize = c.initial_state = c.final_state = true;
+  cases.push_back({c, {0, 13, 14, 31, 45}});
+  c.b = 1, c.t = 30, c.hq = c.h = 2, c.d = 6, c.e = 5, c.p = 1, c.c = 5;
+  c.resets = c.normalize = c.initial_state = false;
+  cases.push_back({c, {0, 7, 30}});
+  c.t = 40, c.hq = 2, c.h = 1, c.d = 8, c.e = 4, c.p = 4, c.c = 16, c.layout = {EXPANSE_LAYOUT_TILED, 4};
+  c.gated = c.final_state = false;
+  c.normalize = c.initial_state = true;
+  cases.push_back({c, {0, 20, 21, 40}});
+  return cases;
+}
+
+h::op_config forward_of(h::op_config cfg) {
+  cfg.op = expanse::ops::power_attention;
+  return cfg;
+}
+
+// The forward's inputs among a backward's.
+h::tensor_map forward_inputs(const h::tensor_map& in) {
+  h::tensor_map f;
+  for (const char* name : {"q", "k", "v", "log_g", "initial_S", "initial_z"})
+    if (in.count(name)) f[name] = in.at(name);
+  return f;
+}
+
+void check_equal(const h::tensor_map& pieces, const h::tensor_map& whole, double tolerance) {
+  CHECK(pieces.size() == whole.size());
+  for (const h::comparison& c : h::compare(pieces, whole, tolerance)) {
+    INFO(c.output << ": rel. error " << c.rel_error << " (tolerance " << c.tolerance << ")");
+    CHECK(c.pass);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("context parallelism on simulated ranks equals one sequence, on every available backend") {
+  for (const expanse_backend_info& info : expanse::backends()) {
+    if (!info.available) continue;
+    expanse::context ctx(info.name);
+    const bool oracle = std::string(info.name) == "reference";  // f64 there
+    const auto cases = split_cases();
+    for (size_t i = 0; i < cases.size(); ++i) {
+      h::op_config cfg = cases[i].cfg;
+      cfg.dtype = oracle ? EXPANSE_F64 : EXPANSE_F32;
+      const uint64_t seed = test_seed() + i;
+      INFO("backend " << info.name << ", case " << i << " (" << cfg.label() << "), seed " << seed);
+      const h::tensor_map in = h::make_inputs(cfg, seed);
+      const double tol = h::tolerance_for(cfg.dtype);
+      try {
+        const h::tensor_map whole_fwd = h::run_on(ctx, forward_of(cfg), forward_inputs(in), oracle);
+        check_equal(h::context_parallel_forward(ctx, forward_of(cfg), forward_inputs(in), cases[i].bounds, oracle),
+                    whole_fwd, tol);
+        const h::tensor_map whole_bwd = h::run_on(ctx, cfg, in, oracle);
+        check_equal(h::context_parallel_backward(ctx, cfg, in, cases[i].bounds, oracle), whole_bwd, tol);
+      } catch (const expanse::error& e) {
+        if (e.status() != EXPANSE_ERROR_UNSUPPORTED) throw;
+        MESSAGE("backend '" << info.name << "' declines case " << i << ": " << e.what());
+      }
+    }
+  }
+}
