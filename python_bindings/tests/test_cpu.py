@@ -868,9 +868,12 @@ def test_torch_cpu_tensors(rng):
     assert seen["q"]["data_ptr"] == tq.data_ptr() and seen["o"]["data_ptr"] == o.data_ptr()
     ref = naive.power_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
     assert naive.rel_error(o.numpy(), ref) <= 1e-5
-    # bfloat16 on the CPU: numpy has no such dtype, torch does; states stay float32
-    ob, (Sb, zb) = expanse.power_attention(tq.bfloat16(), tk.bfloat16(), tv.bfloat16(), output_final_state=True)
-    assert ob.dtype == torch.bfloat16 and naive.rel_error(ob.float().numpy(), ref) <= 2e-2
+    # bfloat16 on the CPU: numpy has no such dtype, torch does; states stay float32. Judged as the
+    # spec judges it: against the oracle on the same (rounded) inputs, within the bf16 tolerance.
+    bq, bk, bv = tq.bfloat16(), tk.bfloat16(), tv.bfloat16()
+    ob, (Sb, zb) = expanse.power_attention(bq, bk, bv, output_final_state=True)
+    ref_b = naive.power_attention(*(x.double().numpy() for x in (bq, bk, bv)))
+    assert ob.dtype == torch.bfloat16 and naive.rel_error(ob.float().numpy(), ref_b) <= 5e-3
     assert Sb.dtype == zb.dtype == torch.float32
     # a strided view
     ot = expanse.power_attention(tq.transpose(1, 2).contiguous().transpose(1, 2), tk, tv)
