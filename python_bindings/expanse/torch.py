@@ -4,6 +4,10 @@ PowerAttention is the layer a model starts from: query, key and value projection
 kv head and token, grouped-query heads, expanse.power_attention (differentiable, and traced by
 torch.compile without a graph break) and an output projection.
 
+context_parallel_power_attention splits one sequence across the ranks of a torch.distributed
+process group (docs/spec.md "Context parallelism"): each rank passes its piece of the tokens, and
+the ranks exchange only states.
+
     >>> import torch, expanse.torch
     >>> layer = expanse.torch.PowerAttention(d_model=256, n_heads=4, head_dim=32)
     >>> x = torch.randn(2, 100, 256)
@@ -13,9 +17,10 @@ torch.compile without a graph break) and an output projection.
 """
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import _ops
+from . import _ops, _params
 from ._errors import InvalidArgumentError
 
 
@@ -74,3 +79,100 @@ class PowerAttention(torch.nn.Module):
         o, state = r if output_final_state else (r, None)
         y = self.o_proj(o.reshape(b, t, self.n_heads * self.head_dim))
         return (y, state) if output_final_state else y
+
+
+class _GatherRanks(torch.autograd.Function):
+    """x [b, ...] of every rank of `group`, stacked as [b, R, ...]. Every rank's loss may depend on
+    every slot, so the gradient of this rank's x is the sum over the ranks of their gradients of its
+    slot (an all-reduce, then this rank's slot)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.stack(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[:, dist.get_rank(ctx.group)], None
+
+
+def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, scale=None, chunk_size=None,
+                                     normalize=True, initial_state=None, output_final_state=False, layout="sympow",
+                                     backend=None):
+    """expanse.power_attention of one sequence split across the ranks of a torch.distributed group.
+
+    Rank r passes tokens [t_r, t_{r+1}) of the sequence (ranks in order, any lengths >= 1, the same
+    b, heads and options on every rank) and gets their outputs, equal to those of one
+    expanse.power_attention call over the whole sequence; gradients flow as they would there
+    (differentiable, eager mode). What the ranks exchange is states, not tokens (docs/spec.md
+    "Context parallelism"): each rank's final state from zero and total log decay (D*e + D + 1 values
+    per batch entry and kv head) are all-gathered, the state entering each piece is their decayed
+    prefix sum (expanse.discumsum over the ranks), and each rank runs its piece from it.
+
+    Args:
+        q, k, v, log_g: this rank's piece, shaped as for expanse.power_attention.
+        group: the process group (None: the default group), NCCL for CUDA tensors, gloo on the CPU.
+        initial_state: the sequence's initial state (S, z), on every rank or on none; rank 0's is
+            used (its gradient goes there), the others' only tell that there is one.
+        output_final_state: also return the sequence's final state (S, z), on every rank; a loss
+            should take it from one rank (its gradient reaches every rank through the exchange).
+            Every rank must run the backward (each takes part in the exchange's).
+        p, scale, chunk_size, normalize, layout, backend: as for expanse.power_attention;
+            chunk_size None or 0 chunks the local states by 128 tokens.
+
+    Returns:
+        o for this rank's tokens; with output_final_state, (o, (S, z)) (z None unless normalize).
+
+        >>> # on each of R ranks, after dist.init_process_group(...):
+        >>> o = expanse.torch.context_parallel_power_attention(q_piece, k_piece, v_piece, log_g_piece)
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise InvalidArgumentError("context_parallel_power_attention: torch.distributed is not initialized "
+                                   "(call dist.init_process_group first)")
+    rank = dist.get_rank(group)
+    c = chunk_size if chunk_size is not None and chunk_size > 0 else _params.DEFAULT_CHUNK
+    b, t, h = k.shape[0], k.shape[1], k.shape[2]
+    # 1. This piece's final state from zero: its chunk states summed over the chunks with their decays;
+    # and its total log decay.
+    X, Xz = _ops.update_state(k, v, log_g, p=p, chunk_size=c, layout=layout, backend=backend)
+    n, D, e = X.shape[1], X.shape[3], X.shape[4]
+    if log_g is None:
+        chunk_decay, piece_decay = X.new_zeros((b, n, h)), X.new_zeros((b, h))
+    else:
+        padded = F.pad(log_g, (0, 0, 0, n * c - t))  # zeros past the last token: no decay
+        chunk_decay, piece_decay = padded.view(b, n, c, h).sum(dim=2), log_g.sum(dim=1).to(X.dtype)
+    parts = [_ops.discumsum(X, chunk_decay, backend=backend)[:, n].reshape(b, h, D * e)]
+    if normalize:
+        parts.append(_ops.discumsum(Xz, chunk_decay, backend=backend)[:, n])
+    parts.append(piece_decay[..., None])
+    if initial_state is not None:  # rank 0's counts; the others send zeros
+        S0, z0 = initial_state
+        parts.append((S0 if rank == 0 else torch.zeros_like(S0)).to(X.dtype).reshape(b, h, D * e))
+        if normalize:
+            parts.append((z0 if rank == 0 else torch.zeros_like(z0)).to(X.dtype))
+    # 2. One exchange of everything (one collective each way, in the same order on every rank).
+    widths = [x.shape[2] for x in parts]
+    gathered = _GatherRanks.apply(torch.cat(parts, dim=2), group).split(widths, dim=3)  # each [b, R, h, w]
+    F_S = gathered[0].reshape(b, -1, h, D, e)
+    F_z = gathered[1] if normalize else None
+    A = gathered[2 if normalize else 1][..., 0]
+    S0 = z0 = None
+    if initial_state is not None:
+        S0 = gathered[-2 if normalize else -1][:, 0].reshape(b, h, D, e)
+        z0 = gathered[-1][:, 0] if normalize else None
+    # 3. The states entering the pieces: Y_0 the initial state, Y_{r+1} = exp(A_r) Y_r + F_r.
+    Y_S = _ops.discumsum(F_S, A, S0, backend=backend)
+    Y_z = _ops.discumsum(F_z, A, z0, backend=backend) if normalize else None
+    # 4. This piece from its entering state (rank 0's too, zero without an initial state: every rank's
+    # backward then reaches the exchange once).
+    entering = (Y_S[:, rank], Y_z[:, rank] if normalize else None)
+    o = _ops.power_attention(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size, normalize=normalize,
+                             initial_state=entering, layout=layout, backend=backend)
+    if output_final_state:
+        R = Y_S.shape[1] - 1
+        return o, (Y_S[:, R], Y_z[:, R] if normalize else None)
+    return o
