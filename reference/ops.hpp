@@ -23,6 +23,7 @@ void update_state_backward(const expanse_problem& pb, const expanse_update_state
 void discumsum_backward(const expanse_problem& pb, const expanse_discumsum_backward_args& args);
 void query_state_backward(const expanse_problem& pb, const expanse_query_state_backward_args& args);
 void chunk_attention_backward(const expanse_problem& pb, const expanse_chunk_attention_backward_args& args);
+void sequence_state(const expanse_problem& pb, const expanse_sequence_state_args& args);
 
 }  // namespace expanse_ref
 

@@ -38,6 +38,7 @@ const registered_list kQueryStateBackward(hip_lists(), EXPANSE_OP_QUERY_STATE_BA
                                           {expanse_gpu::query_state_backward_simple});
 const registered_list kChunkAttentionBackward(hip_lists(), EXPANSE_OP_CHUNK_ATTENTION_BACKWARD,
                                               {expanse_gpu::chunk_attention_backward_simple});
+const registered_list kSequenceState(hip_lists(), EXPANSE_OP_SEQUENCE_STATE, {expanse_gpu::sequence_state_chunked});
 
 }  // namespace
 }  // namespace expanse_hip

@@ -32,6 +32,7 @@ const registered_list kDiscumsumBackward(kokkos_lists(), EXPANSE_OP_DISCUMSUM_BA
 const registered_list kQueryStateBackward(kokkos_lists(), EXPANSE_OP_QUERY_STATE_BACKWARD, {query_state_backward_teams});
 const registered_list kChunkAttentionBackward(kokkos_lists(), EXPANSE_OP_CHUNK_ATTENTION_BACKWARD,
                                               {chunk_attention_backward_teams});
+const registered_list kSequenceState(kokkos_lists(), EXPANSE_OP_SEQUENCE_STATE, {sequence_state_chunked});
 
 }  // namespace
 }  // namespace expanse_kokkos

@@ -60,7 +60,9 @@ expanse::harness::op_config CaseOptions::apply(expanse_op_kind op, expanse::harn
   c.final_state = final_state_.value_or(c.final_state);
   c.intra = intra_.value_or(c.intra);
   c.scale = scale_.value_or(c.scale);
-  if ((op == expanse::ops::update_state || op == expanse::ops::query_state || op == expanse::ops::discumsum) && c.c < 1)
+  if ((op == expanse::ops::update_state || op == expanse::ops::query_state || op == expanse::ops::discumsum ||
+       op == expanse::ops::sequence_state) &&
+      c.c < 1)
     c.c = 128;
   return c;
 }

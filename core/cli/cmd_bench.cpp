@@ -77,6 +77,7 @@ double flop_count(const h::op_config& c) {
     }
     case expanse::ops::query_state_backward: return 2 * tokens * c.hq * state;
     case expanse::ops::chunk_attention_backward: return tokens * c.hq * chunk * double(3 * c.d + 2 * c.e);
+    case expanse::ops::sequence_state: return tokens * c.h * state;  // update_state's (the scan is small)
     case EXPANSE_OP_COUNT: break;
   }
   return 0;

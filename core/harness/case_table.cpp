@@ -206,6 +206,19 @@ std::vector<op_config> standard_cases() {
     cases.push_back(c);
   }
 
+  // sequence_state: gates with resets (A = -inf) or none, every p, ragged chunks, t = 1, every dtype.
+  for (expanse_dtype dt : dtypes) {
+    op_config c = base(expanse::ops::sequence_state);
+    c.b = 2; c.t = 37; c.h = 2; c.d = 8; c.e = 6; c.c = 8; c.dtype = dt; c.resets = true;
+    cases.push_back(c);
+  }
+  for (int p = 1; p <= 4; ++p) {
+    op_config c = base(expanse::ops::sequence_state);
+    c.t = p == 1 ? 1 : 45; c.h = 3; c.d = 8; c.e = 5; c.p = p; c.c = 16; c.gated = p % 2 == 0;
+    c.layout = p == 4 ? tiled(4) : kSympow;
+    cases.push_back(c);
+  }
+
   // The core operations' backwards: each forward case of update_state, discumsum, query_state and
   // chunk_attention above, differentiated.
   const size_t forward_cases = cases.size();

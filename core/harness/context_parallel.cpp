@@ -109,12 +109,10 @@ op_config combination_config(const op_config& whole, int64_t ranks, int64_t rows
   return c;
 }
 
-// What each rank computes before any exchange: its piece's final state from zero (S and, normalized,
-// z), the piece's output from zero (a backward takes it as its o where the state's cotangent is
-// taken back to k, v and log_g), and its total log decay A_r = sum of log_g over the piece (-inf
-// where the piece holds a reset).
+// What each rank computes before any exchange: sequence_state of its piece, the final state from zero
+// (S and, normalized, z) and the total log decay A_r (-inf where the piece holds a reset).
 struct local_pass {
-  std::vector<host_tensor> S, z, o;
+  std::vector<host_tensor> S, z;
   host_tensor A;  // [b, R, h]
 };
 
@@ -122,26 +120,19 @@ local_pass run_local(expanse::context& ctx, const op_config& forward, const tens
                      const std::vector<int64_t>& bounds, bool oracle) {
   const int64_t R = ranks_of(bounds, forward.t);
   local_pass lp;
+  std::vector<host_tensor> decays;
   for (int64_t r = 0; r < R; ++r) {
-    const op_config c = piece_config(forward, bounds[r + 1] - bounds[r], false, true);
+    op_config c = piece_config(forward, bounds[r + 1] - bounds[r], false, false);
+    c.op = expanse::ops::sequence_state;
+    c.c = forward.c > 0 ? forward.c : 128;  // the chunks it is computed by (power_attention's 0: one chunk)
     tensor_map in = piece_inputs(inputs, bounds[r], bounds[r + 1]);
-    in.erase("o");
-    in.erase("dout");
+    for (const char* name : {"q", "o", "dout"}) in.erase(name);
     const tensor_map out = run_on(ctx, c, in, oracle);
-    lp.S.push_back(out.at("final_S"));
-    if (forward.normalize) lp.z.push_back(out.at("final_z"));
-    lp.o.push_back(out.at("o"));
+    lp.S.push_back(out.at("S"));
+    if (forward.normalize) lp.z.push_back(out.at("z"));
+    decays.push_back(out.at("A"));
   }
-  const expanse_dtype state = lp.S[0].dtype;
-  lp.A = host_tensor::zeros(state, {forward.b, R, forward.h});
-  if (forward.gated)
-    for (int64_t bi = 0; bi < forward.b; ++bi)
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t hi = 0; hi < forward.h; ++hi) {
-          double sum = 0;
-          for (int64_t i = bounds[r]; i < bounds[r + 1]; ++i) sum += inputs.at("log_g").get((bi * forward.t + i) * forward.h + hi);
-          lp.A.set((bi * R + r) * forward.h + hi, sum);
-        }
+  lp.A = stack_ranks(decays);
   return lp;
 }
 
@@ -266,7 +257,7 @@ tensor_map context_parallel_backward(expanse::context& ctx, const op_config& who
     const int64_t first = bounds[r], len = bounds[r + 1] - bounds[r];
     const op_config c = piece_config(whole, len, false, true);
     tensor_map in = piece_inputs(inputs, first, bounds[r + 1]);
-    in["o"] = lp.o[size_t(r)];
+    // No dout: then o (the piece's output, here from its entering state) meets only zeros.
     in["dout"] = host_tensor::zeros(in.at("dout").dtype, in.at("dout").shape);
     in["dfinal_S"] = without_axis1(slice_axis1(back_S.at("dX"), r, r + 1));
     if (whole.normalize) in["dfinal_z"] = from_column(without_axis1(slice_axis1(back_z.at("dX"), r, r + 1)));

@@ -1,7 +1,8 @@
 // Context parallelism on simulated ranks (docs/spec.md "Context parallelism"): one sequence split
 // into pieces, each piece run as a rank would run it, the states the ranks would exchange passed
 // through host memory instead of a communicator. What the ranks compute is only the library's
-// public operations (power_attention, power_attention_backward, discumsum, discumsum_backward), so
+// public operations (sequence_state, power_attention, power_attention_backward, discumsum,
+// discumsum_backward), so
 // these recipes are the ones a framework's collective layer follows; the tests check that they give
 // the single-sequence results on every backend.
 #pragma once
@@ -15,7 +16,7 @@ namespace expanse::harness {
 
 // power_attention of `whole` (a power_attention config: its t, b, heads, sizes, options) computed
 // piece by piece: `bounds` are the piece boundaries 0 = t_0 < t_1 < ... < t_R = t. Each rank gets
-// its piece's final state from zero and its total log decay, the states entering the pieces come
+// its piece's final state from zero and its total log decay (sequence_state), the states entering the pieces come
 // from discumsum over the ranks (with the sequence's initial state in front), and each rank reruns
 // its piece from its entering state. Returns o (and final_S, final_z where whole.final_state) in
 // the dtypes of run_on(ctx, whole, inputs, oracle).

@@ -745,6 +745,32 @@ struct problem {
     return out;
   }
 
+  // sequence_state: the recurrence S_i = g_i S_{i-1} + phi(k_i) v_i^T from zero, token by token, and
+  // A = the sum of log_g (-inf where a reset occurs).
+  tensor_map sequence_state() const {
+    host_tensor S = host_tensor::zeros(EXPANSE_F64, {b, h, D, e}), z = host_tensor::zeros(EXPANSE_F64, {b, h, D});
+    host_tensor A = host_tensor::zeros(EXPANSE_F64, {b, h});
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t hi = 0; hi < h; ++hi) {
+        std::vector<real> s(static_cast<size_t>(D * e), 0.0), zz(static_cast<size_t>(D), 0.0);
+        real total = 0;
+        for (int64_t ti = 0; ti < t; ++ti) {
+          const real g = std::exp(logg(bi, ti, hi));
+          total += logg(bi, ti, hi);
+          const std::vector<real> fk = phi_ext(in.vec("k", koff(bi, ti, hi), d), p, cfg.layout);
+          const std::vector<real> vj = in.vec("v", voff(bi, ti, hi), e);
+          for (int64_t x = 0; x < D; ++x) {
+            zz[size_t(x)] = g * zz[size_t(x)] + fk[size_t(x)];
+            for (int64_t y = 0; y < e; ++y) s[size_t(x * e + y)] = g * s[size_t(x * e + y)] + fk[size_t(x)] * vj[size_t(y)];
+          }
+        }
+        for (int64_t x = 0; x < D * e; ++x) S.set((bi * h + hi) * D * e + x, double(s[size_t(x)]));
+        for (int64_t x = 0; x < D; ++x) z.set((bi * h + hi) * D + x, double(zz[size_t(x)]));
+        A.set(bi * h + hi, double(total));
+      }
+    return {{"S", std::move(S)}, {"z", std::move(z)}, {"A", std::move(A)}};
+  }
+
   tensor_map power_attention() const { return attention(false); }
   tensor_map power_attention_step() const { return attention(true); }
 };

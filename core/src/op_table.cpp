@@ -265,6 +265,22 @@ const param_decl kChunkAttentionBackwardParams[] = {
                   "tokens per chunk (>= 1); 0: one chunk over the whole sequence"),
 };
 
+// ---------------------------------------------------------------- sequence_state
+using sequence_state = expanse_sequence_state_args;
+const tensor_decl kSequenceStateTensors[] = {
+    EXPANSE_TENSOR(sequence_state, k, kIn, kRequired, "b t h d", D::any_float),
+    EXPANSE_TENSOR(sequence_state, v, kIn, kRequired, "b t h e", D::same_as, "k"),
+    EXPANSE_TENSOR(sequence_state, log_g, kIn, kOptional, "b t h", D::state_float, nullptr, kGates),
+    EXPANSE_TENSOR(sequence_state, S, kOut, kRequired, "b h D e", D::state_float, nullptr, kState | kPrimary),
+    EXPANSE_TENSOR(sequence_state, z, kOut, kOptional, "b h D", D::same_as, "S", kState),
+    EXPANSE_TENSOR(sequence_state, A, kOut, kOptional, "b h", D::same_as, "S"),
+};
+const param_decl kSequenceStateParams[] = {
+    EXPANSE_P(sequence_state, 4),
+    EXPANSE_PARAM(sequence_state, chunk_size, EXPANSE_PARAM_INT64, 128, chunk, "tokens per chunk (>= 1)"),
+    EXPANSE_LAYOUT(sequence_state),
+};
+
 #undef EXPANSE_TENSOR
 #undef EXPANSE_PARAM
 #undef EXPANSE_P
@@ -328,6 +344,7 @@ const op_decl kOps[EXPANSE_OP_COUNT] = {
                                   "d e h hq", 4),
     declare<chunk_attention_backward>("chunk_attention_backward", kChunkAttentionBackwardTensors,
                                       kChunkAttentionBackwardParams, "d e h hq", 4),
+    declare<sequence_state>("sequence_state", kSequenceStateTensors, kSequenceStateParams, "d e h", 4),
 };
 
 // The table is in the order of expanse_op_kind: each entry's name is the one EXPANSE_OPERATIONS gives

@@ -26,8 +26,9 @@ x.detach()).
     True
 
 Operations: power_attention, power_attention_backward, power_attention_step, sympow_expand,
-update_state, discumsum, query_state, chunk_attention and their *_backward gradients;
-expanse.torch.PowerAttention (a layer). Backends: backends(), devices(), set_default_backend(). Validation
+update_state, discumsum, query_state, chunk_attention and their *_backward gradients; sequence_state
+(a sequence's state from zero, for context parallelism); expanse.torch.PowerAttention (a layer) and
+expanse.torch.context_parallel_power_attention. Backends: backends(), devices(), set_default_backend(). Validation
 against the reference (and of the reference against a naive oracle): check().
 
 Non-finite inputs (NaN, or an infinity other than -inf in log_g, which is a reset) give non-finite
@@ -49,8 +50,8 @@ from ._errors import (BackendError, ExpanseError, InternalError, InvalidArgument
 from ._backends import (BackendInfo, DeviceInfo, available_backends, backends, devices, get_default_backend,
                         set_default_backend)
 from ._ops import (chunk_attention, chunk_attention_backward, discumsum, discumsum_backward, power_attention,
-                   power_attention_backward, power_attention_step, query_state, query_state_backward, sympow_expand,
-                   update_state, update_state_backward)
+                   power_attention_backward, power_attention_step, query_state, query_state_backward, sequence_state,
+                   sympow_expand, update_state, update_state_backward)
 from ._check import CheckResult, TOLERANCES, check
 from ._finite import get_check_finite, set_check_finite
 
@@ -75,7 +76,7 @@ def expanded_dim(d: int, p: int = 2, layout: str = "sympow") -> int:
 __all__ = [
     "power_attention", "power_attention_backward", "power_attention_step", "sympow_expand", "update_state",
     "discumsum", "query_state", "chunk_attention", "update_state_backward", "discumsum_backward",
-    "query_state_backward", "chunk_attention_backward", "expanded_dim",
+    "query_state_backward", "chunk_attention_backward", "sequence_state", "expanded_dim",
     "backends", "available_backends", "devices", "set_default_backend", "get_default_backend",
     "set_check_finite", "get_check_finite",
     "BackendInfo", "DeviceInfo",

@@ -86,6 +86,11 @@ def update_state(k: Array, v: Array, log_g: Optional[Array] = None, *, p: int = 
                  check_finite: Optional[bool] = None) -> Tuple[Any, Any]:
     """(S [b, n, h, D, e], z [b, n, h, D])."""
 
+def sequence_state(k: Array, v: Array, log_g: Optional[Array] = None, *, p: int = 2, chunk_size: int = 128,
+                   layout: str = "sympow", backend: Optional[str] = None,
+                   check_finite: Optional[bool] = None) -> Tuple[Any, Any, Any]:
+    """(S [b, h, D, e], z [b, h, D], A [b, h])."""
+
 def discumsum(X: Array, A: Array, Y_init: Optional[Array] = None, *, backend: Optional[str] = None,
               check_finite: Optional[bool] = None) -> Any:
     """Y [b, n+1, h, ...]."""

@@ -24,7 +24,7 @@ from ._params import INT32, UINT64, invalid
 TOLERANCES = {dtype: _expanse.check_tolerance(dtype) for dtype in ("f64", "f32", "f16", "bf16")}
 
 OPS = ("sympow_expand", "update_state", "discumsum", "query_state", "chunk_attention", "power_attention",
-       "power_attention_step")
+       "power_attention_step", "sequence_state")
 
 # Problem settings: default and, for integers, the bounds of the command's case options
 # (core/cli/case_options.cpp), which keep the harness's host tensors within reason.
@@ -35,7 +35,8 @@ _SETTINGS = (*_SIZES, "chunk_size", "layout", "scale", "normalize", *_FLAGS)
 # chunk_size None: the library's choice for power_attention (as its own default), one chunk per
 # sequence for chunk_attention, and 16 for the ops that need chunks (the command takes 128 there; at
 # the default t = 64, 16 gives 4 chunks).
-_CHUNK_DEFAULTS = dict(power_attention=_params.CHUNK_AUTO, update_state=16, query_state=16, discumsum=16)
+_CHUNK_DEFAULTS = dict(power_attention=_params.CHUNK_AUTO, update_state=16, query_state=16, discumsum=16,
+                       sequence_state=16)
 
 
 @dataclass
@@ -91,7 +92,7 @@ def check(op: str, backend: Optional[str] = None, *, dtype: str = "f32", seed: O
 
     Args:
         op: an operation name ('power_attention', 'power_attention_step', 'sympow_expand',
-            'update_state', 'discumsum', 'query_state', 'chunk_attention') or 'all' (each once,
+            'update_state', 'discumsum', 'query_state', 'chunk_attention', 'sequence_state') or 'all' (each once,
             with the given settings where they apply).
         backend: the backend under test; None: the default backend (set_default_backend,
             $EXPANSE_BACKEND, else 'reference').

@@ -349,6 +349,42 @@ def _discumsum(X, A, Y_init, *, backend, check_finite):
                  check_finite=check_finite)["Y"]
 
 
+def sequence_state(k, v, log_g=None, *, p=2, chunk_size=_params.DEFAULT_CHUNK, layout="sympow", backend=None,
+                   check_finite=None):
+    """The state a sequence leaves when it starts from zero, and its total log decay: what a piece of
+    a longer sequence contributes to the pieces after it (context parallelism, docs/spec.md)::
+
+        S = sum_j exp(G_t - G_j) phi(k_j) v_j^T      z = sum_j exp(G_t - G_j) phi(k_j)      A = G_t
+
+    with G the cumulative sum of log_g (A = -inf where the sequence holds a reset, 0 without log_g).
+    The state entering piece r + 1 is then exp(A_r) Y_r + S_r (discumsum over the pieces).
+
+    Args:
+        k: [b, t, h, d].  v: [b, t, h, e].  log_g: optional [b, t, h], float32 (float64 with float64 inputs).
+        p: 1..4.  chunk_size: c >= 1, the chunks it is computed by (update_state's, then discumsum).
+        layout: as in sympow_expand.  backend, check_finite: as in power_attention.
+
+    Returns:
+        (S [b, h, D, e], z [b, h, D], A [b, h]), float32 (float64 for float64 inputs). Not
+        differentiable with torch tensors (compose update_state and discumsum for that).
+
+    Example::
+
+        >>> S, z, A = expanse.sequence_state(k, v, log_g)
+        >>> o, (S2, z2) = expanse.power_attention(q, k, v, log_g, output_final_state=True)
+        >>> np.allclose(S, S2, atol=1e-4)   # power_attention's final state from zero
+        True
+    """
+    op = "sequence_state"
+    p = _params.degree(op, p)
+    c = _params.chunk_size(op, chunk_size, expected=">= 1")
+    lay = _params.layout(op, layout)
+
+    r = _call(op, {"k": k, "v": v, "log_g": log_g}, {"S": "", "z": "", "A": ""}, backend=backend,
+              required=("k", "v"), check_finite=check_finite, p=p, chunk_size=c, layout=lay)
+    return r["S"], r["z"], r["A"]
+
+
 def query_state(q, S, z=None, log_g=None, *, intra=None, p=2, scale=None, chunk_size=_params.DEFAULT_CHUNK,
                 normalize=True, layout="sympow", backend=None, check_finite=None):
     """The inter-chunk term (step 3 of the chunked algorithm), optionally combined with the

@@ -239,6 +239,24 @@ def test_update_state(rng, c, gated, layout):
     assert naive.rel_error(S, S_ref) <= TIGHT and naive.rel_error(z, z_ref) <= TIGHT
 
 
+@pytest.mark.parametrize("c,gated,layout", [(4, True, "sympow"), (30, False, "tensor"), (16, True, "tiled:2")])
+def test_sequence_state(rng, c, gated, layout):
+    k, v = rng.standard_normal((2, 23, 3, 4)), rng.standard_normal((2, 23, 3, 5))
+    log_g = gates(rng, 2, 23, 3) if gated else None
+    S, z, A = expanse.sequence_state(k, v, log_g, p=2, chunk_size=c, layout=layout)
+    S_ref, z_ref = naive.final_state(k, v, log_g, 2, layout)
+    assert S.shape == S_ref.shape and z.shape == z_ref.shape and A.shape == (2, 3)
+    assert naive.rel_error(S, S_ref) <= TIGHT and naive.rel_error(z, z_ref) <= TIGHT
+    assert naive.rel_error(A, log_g.sum(axis=1) if gated else np.zeros((2, 3))) <= TIGHT
+    if gated:  # a reset: nothing before it remains, and the decay across the sequence is 0
+        log_g[:, 9] = -np.inf
+        S, z, A = expanse.sequence_state(k, v, log_g, p=2, chunk_size=c, layout=layout)
+        after = log_g[:, 9:].copy()
+        after[:, 0] = 0  # the decays from token 9 on hold the gates after it only
+        S_ref, _ = naive.final_state(k[:, 9:], v[:, 9:], after, 2, layout)
+        assert naive.rel_error(S, S_ref) <= TIGHT and np.all(A == -np.inf)
+
+
 @pytest.mark.parametrize("tail", [(), (3,), (4, 5)])
 def test_discumsum(rng, tail):
     X = rng.standard_normal((2, 6, 3) + tail)

@@ -29,6 +29,8 @@ EXPANSE_GPU_IMPLEMENTATION(update_state_backward_simple, "simple")
 EXPANSE_GPU_IMPLEMENTATION(discumsum_backward_simple, "simple")
 EXPANSE_GPU_IMPLEMENTATION(query_state_backward_simple, "simple")
 EXPANSE_GPU_IMPLEMENTATION(chunk_attention_backward_simple, "simple")
+// A sequence's state from zero (context parallelism), composed of update_state and discumsum.
+EXPANSE_GPU_IMPLEMENTATION(sequence_state_chunked, "chunked")
 
 #undef EXPANSE_GPU_IMPLEMENTATION
 

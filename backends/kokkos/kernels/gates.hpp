@@ -42,4 +42,19 @@ void launch_chunk_totals(const Space& space, gate_sums g, int64_t b, int64_t h, 
       });
 }
 
+// A sequence's total log decay out [b,h] (sequence_state's A): the sum of its n chunk totals, -inf from a
+// reset on; 0 without gates.
+template <class Space>
+void launch_sequence_totals(const Space& space, gate_sums g, int64_t b, int64_t h, int64_t n, tensor_ref out) {
+  Kokkos::parallel_for(
+      "expanse::sequence_totals", Kokkos::RangePolicy<Space>(space, 0, b * h), KOKKOS_LAMBDA(const int64_t bh) {
+        double sum = 0.0;
+        for (int64_t m = 0; g.present() && m < n; ++m) {
+          const int64_t last = (m + 1) * g.c < g.t ? (m + 1) * g.c - 1 : g.t - 1;
+          sum += g.log_from_chunk_start(bh, last);
+        }
+        out.set(out.at(bh / h, bh % h, 0), float(sum));
+      });
+}
+
 }  // namespace expanse_kokkos

@@ -27,6 +27,8 @@ EXPANSE_KOKKOS_IMPLEMENTATION(update_state_backward_teams, "teams")
 EXPANSE_KOKKOS_IMPLEMENTATION(discumsum_backward_scan, "scan")
 EXPANSE_KOKKOS_IMPLEMENTATION(query_state_backward_teams, "teams")
 EXPANSE_KOKKOS_IMPLEMENTATION(chunk_attention_backward_teams, "teams")
+// A sequence's state from zero (context parallelism), composed of update_state and discumsum.
+EXPANSE_KOKKOS_IMPLEMENTATION(sequence_state_chunked, "chunked")
 
 #undef EXPANSE_KOKKOS_IMPLEMENTATION
 

@@ -109,7 +109,8 @@ typedef enum expanse_op_kind {
   EXPANSE_OP_DISCUMSUM_BACKWARD = 9,
   EXPANSE_OP_QUERY_STATE_BACKWARD = 10,
   EXPANSE_OP_CHUNK_ATTENTION_BACKWARD = 11,
-  EXPANSE_OP_COUNT = 12
+  EXPANSE_OP_SEQUENCE_STATE = 12,
+  EXPANSE_OP_COUNT = 13
 } expanse_op_kind;
 
 /* Every operation once, as X(name, NAME): its kind is EXPANSE_OP_<NAME>, its arguments
@@ -127,7 +128,8 @@ typedef enum expanse_op_kind {
   X(update_state_backward, UPDATE_STATE_BACKWARD)       \
   X(discumsum_backward, DISCUMSUM_BACKWARD)             \
   X(query_state_backward, QUERY_STATE_BACKWARD)         \
-  X(chunk_attention_backward, CHUNK_ATTENTION_BACKWARD)
+  X(chunk_attention_backward, CHUNK_ATTENTION_BACKWARD) \
+  X(sequence_state, SEQUENCE_STATE)
 
 /* "power_attention", ...; "unknown" for a code that is no operation. */
 EXPANSE_API const char* expanse_op_name(expanse_op_kind op);
@@ -228,6 +230,24 @@ typedef struct expanse_discumsum_args {
   const expanse_tensor* Y_init; /* [b,h,...], optional */
   expanse_tensor* Y;
 } expanse_discumsum_args;
+
+/* The state a sequence leaves when it starts from zero, and its total log decay (context parallelism:
+ * what each rank's piece contributes, docs/spec.md):
+ *   S = sum_j exp(G_t - G_j) phi(k_j) v_j^T,   z = sum_j exp(G_t - G_j) phi(k_j),   A = G_t
+ * (G the cumulative sum of log_g; A = -inf where a reset occurs, 0 without log_g). Computed by chunks
+ * of chunk_size tokens (update_state and discumsum). S [b,h,D,e], z [b,h,D] and A [b,h]; z and A
+ * optional. */
+typedef struct expanse_sequence_state_args {
+  const expanse_tensor* k;
+  const expanse_tensor* v;
+  const expanse_tensor* log_g; /* optional */
+  expanse_tensor* S;
+  expanse_tensor* z; /* optional */
+  expanse_tensor* A; /* optional */
+  int32_t p;
+  int64_t chunk_size;
+  expanse_layout layout;
+} expanse_sequence_state_args;
 
 /* o_i = phi(scale q_i)^T S_m exp(Gc_i) [+ intra numerator] [/ (... z ... + intra denominator)].
  * S [b,n,h,D,e] and z [b,n,h,D] are the states entering each chunk (discumsum's Y[:, :n]).
@@ -422,6 +442,7 @@ EXPANSE_API void expanse_update_state_backward_args_init(expanse_update_state_ba
 EXPANSE_API void expanse_discumsum_backward_args_init(expanse_discumsum_backward_args* a);
 EXPANSE_API void expanse_query_state_backward_args_init(expanse_query_state_backward_args* a);
 EXPANSE_API void expanse_chunk_attention_backward_args_init(expanse_chunk_attention_backward_args* a);
+EXPANSE_API void expanse_sequence_state_args_init(expanse_sequence_state_args* a);
 
 /* ---------------------------------------------------------------- backends and devices */
 
@@ -519,6 +540,7 @@ EXPANSE_API expanse_status expanse_query_state_backward(expanse_context* ctx,
                                                         const expanse_query_state_backward_args* a);
 EXPANSE_API expanse_status expanse_chunk_attention_backward(expanse_context* ctx,
                                                             const expanse_chunk_attention_backward_args* a);
+EXPANSE_API expanse_status expanse_sequence_state(expanse_context* ctx, const expanse_sequence_state_args* a);
 
 /* Memory on the context's device, for callers without a framework (the CLI, tests, C users). */
 typedef enum expanse_copy_kind {
