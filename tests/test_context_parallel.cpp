@@ -87,3 +87,37 @@ TEST_CASE("context parallelism on simulated ranks equals one sequence, on every 
     }
   }
 }
+
+TEST_CASE("the C API's context parallelism, ranks as threads joined by a host all-gather, equals one sequence") {
+  // The reference backend (host memory, contexts in parallel threads), in f64.
+  expanse::context ctx("reference");
+  const auto cases = split_cases();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    h::op_config cfg = cases[i].cfg;
+    cfg.dtype = EXPANSE_F64;
+    const uint64_t seed = test_seed() + 100 + i;
+    INFO("case " << i << " (" << cfg.label() << "), seed " << seed);
+    const h::tensor_map in = h::make_inputs(cfg, seed);
+    const double tol = h::tolerance_for(cfg.dtype);
+    check_equal(h::context_parallel_threads("reference", forward_of(cfg), forward_inputs(in), cases[i].bounds),
+                h::run_on(ctx, forward_of(cfg), forward_inputs(in), true), tol);
+    check_equal(h::context_parallel_threads("reference", cfg, in, cases[i].bounds), h::run_on(ctx, cfg, in, true), tol);
+  }
+}
+
+TEST_CASE("the C API's context parallelism refuses a bad rank or a missing all-gather by name") {
+  expanse::context ctx("reference");
+  expanse_power_attention_args a;
+  expanse_power_attention_args_init(&a);
+  const expanse_context_parallel no_gather{0, 2, nullptr, nullptr};
+  CHECK(expanse_context_parallel_power_attention(ctx.get(), &no_gather, &a) == EXPANSE_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(expanse_last_error()).find("allgather is NULL") != std::string::npos);
+  const expanse_context_parallel bad_rank{2, 2, [](const void*, void*, size_t, void*, void*) { return int32_t(0); }, nullptr};
+  CHECK(expanse_context_parallel_power_attention(ctx.get(), &bad_rank, &a) == EXPANSE_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(expanse_last_error()).find("rank must be in [0, 2)") != std::string::npos);
+  CHECK(expanse_context_parallel_power_attention(ctx.get(), nullptr, &a) == EXPANSE_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(expanse_last_error()).find("argument 'cp' is NULL") != std::string::npos);
+  void* proc = nullptr;
+  CHECK(expanse_backend_proc(ctx.get(), "expanse_nccl_allgather", &proc) == EXPANSE_ERROR_UNSUPPORTED);
+  CHECK(proc == nullptr);
+}

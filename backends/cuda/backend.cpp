@@ -10,6 +10,11 @@
 #include "dispatch.hpp"
 
 namespace expanse_cuda {
+
+#ifdef EXPANSE_CUDA_NCCL
+int32_t nccl_allgather(const void* send, void* recv, size_t bytes, void* stream, void* comm);  // nccl_allgather.cpp
+#endif
+
 namespace {
 
 std::vector<device_props> g_props;  // filled by init()
@@ -121,6 +126,9 @@ int timer_elapsed_ms(void* stream, void (*body)(void*), void* user, int reps, fl
 
 void* get_proc_address(const char* name) {
   if (std::strcmp(name, "expanse_timed_runs") == 0) return reinterpret_cast<void*>(&timer_elapsed_ms);
+#ifdef EXPANSE_CUDA_NCCL
+  if (std::strcmp(name, "expanse_nccl_allgather") == 0) return reinterpret_cast<void*>(&nccl_allgather);
+#endif
   if (std::strcmp(name, EXPANSE_CHOOSE_CHUNK_SIZE_PROC) == 0) return reinterpret_cast<void*>(&choose_chunk_size);
   return nullptr;
 }

@@ -407,6 +407,13 @@ expanse_tensor* prepared_run::out(const char* name) {
 }
 
 void prepared_run::execute(const std::function<void(void* args)>& adjust) {
+  call_with_args([&](void* args) {
+    if (adjust) adjust(args);
+    ctx_.run(cfg_.op, args);
+  });
+}
+
+void prepared_run::call_with_args(const std::function<void(void* args)>& call) {
   // The op's args filled by name through the library's tables: inputs from "in:", outputs and
   // in-place states from "out:", parameters from the config.
   const op_tables op = tables_of(cfg_.op);
@@ -418,8 +425,7 @@ void prepared_run::execute(const std::function<void(void* args)>& adjust) {
     const expanse_tensor* view = t.role == EXPANSE_ARG_INPUT ? in(t.name) : out(t.name);
     std::memcpy(static_cast<char*>(args) + t.offset, &view, sizeof(view));
   }
-  if (adjust) adjust(args);
-  ctx_.run(cfg_.op, args);
+  call(args);
 }
 
 tensor_map prepared_run::download() const {

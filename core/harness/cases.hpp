@@ -96,6 +96,9 @@ class prepared_run {
   // Enqueues the op on ctx's stream (throws expanse::error). `adjust`, when given, receives the op's
   // *_args struct just before the call (tests break one argument at a time).
   void execute(const std::function<void(void* args)>& adjust = {});
+  // Fills the op's *_args struct with the tensors and parameters and hands it to `call` instead of
+  // running the op (an entry point that takes the same struct, e.g. context parallelism's).
+  void call_with_args(const std::function<void(void* args)>& call);
   tensor_map download() const; // copies the outputs back and synchronizes
 
  private:

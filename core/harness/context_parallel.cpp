@@ -2,9 +2,12 @@
 #include "context_parallel.hpp"
 
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace expanse::harness {
 namespace {
@@ -173,6 +176,52 @@ op_config forward_config(const op_config& backward) {
   return f;
 }
 
+// An all-gather among threads through host memory (expanse_allgather_fn): each call deposits this
+// rank's block, waits for every rank's, copies them out, and waits until every rank has copied before
+// any may start the next round.
+struct host_allgather {
+  int ranks = 1;
+  std::mutex m;
+  std::condition_variable cv;
+  int arrived = 0, departed = 0;
+  int64_t round = 0;
+  bool failed = false;  // a rank gave up: the others return an error instead of waiting for it
+  std::vector<std::vector<char>> blocks;
+
+  void fail() {
+    std::lock_guard<std::mutex> lock(m);
+    failed = true;
+    cv.notify_all();
+  }
+
+  struct rank_view {
+    host_allgather* shared;
+    int rank;
+  };
+  static int32_t gather(const void* send, void* recv, size_t bytes, void*, void* user) {
+    const rank_view& me = *static_cast<rank_view*>(user);
+    host_allgather& g = *me.shared;
+    std::unique_lock<std::mutex> lock(g.m);
+    const int64_t round = g.round;
+    g.blocks[size_t(me.rank)].assign(static_cast<const char*>(send), static_cast<const char*>(send) + bytes);
+    if (++g.arrived == g.ranks) g.cv.notify_all();
+    g.cv.wait(lock, [&] { return g.arrived == g.ranks || g.round != round || g.failed; });
+    if (g.failed) return 1;
+    for (int r = 0; r < g.ranks; ++r) {
+      if (g.blocks[size_t(r)].size() != bytes) return 1;  // ranks that disagree on the exchange's size
+      std::memcpy(static_cast<char*>(recv) + size_t(r) * bytes, g.blocks[size_t(r)].data(), bytes);
+    }
+    if (++g.departed == g.ranks) {
+      g.arrived = g.departed = 0;
+      ++g.round;
+      g.cv.notify_all();
+    } else {
+      g.cv.wait(lock, [&] { return g.round != round || g.failed; });
+    }
+    return g.failed ? 1 : 0;
+  }
+};
+
 }  // namespace
 
 tensor_map context_parallel_forward(expanse::context& ctx, const op_config& whole, const tensor_map& inputs,
@@ -292,6 +341,62 @@ tensor_map context_parallel_backward(expanse::context& ctx, const op_config& who
   if (initial) {
     result["dinitial_S"] = back_S.at("dY_init");
     if (whole.normalize) result["dinitial_z"] = from_column(back_z.at("dY_init"));
+  }
+  return result;
+}
+
+}  // namespace expanse::harness
+
+namespace expanse::harness {
+
+tensor_map context_parallel_threads(const std::string& backend, const op_config& whole, const tensor_map& inputs,
+                                    const std::vector<int64_t>& bounds) {
+  const int64_t R = ranks_of(bounds, whole.t);
+  const bool backward = whole.op == expanse::ops::power_attention_backward;
+  host_allgather shared;
+  shared.ranks = int(R);
+  shared.blocks.resize(size_t(R));
+  std::vector<tensor_map> outs(static_cast<size_t>(R));
+  std::vector<std::string> errors(static_cast<size_t>(R));
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < R; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        expanse::context ctx(backend);
+        host_allgather::rank_view me{&shared, int(r)};
+        const expanse_context_parallel cp{int32_t(r), int32_t(R), &host_allgather::gather, &me};
+        const op_config c = piece_config(whole, bounds[r + 1] - bounds[r], whole.initial_state, whole.final_state);
+        tensor_map in = piece_inputs(inputs, bounds[r], bounds[r + 1]);
+        for (const char* name : {"initial_S", "initial_z", "dfinal_S", "dfinal_z"})  // the same on every rank
+          if (inputs.count(name)) in[name] = inputs.at(name);
+        prepared_run run(ctx, c, in, /*oracle=*/true);
+        run.call_with_args([&](void* args) {
+          expanse::check(backward ? expanse_context_parallel_power_attention_backward(
+                                        ctx.get(), &cp, static_cast<const expanse_power_attention_backward_args*>(args))
+                                  : expanse_context_parallel_power_attention(
+                                        ctx.get(), &cp, static_cast<const expanse_power_attention_args*>(args)));
+        });
+        outs[size_t(r)] = run.download();
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+        shared.fail();  // the other ranks stop waiting for this one
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  for (int64_t r = 0; r < R; ++r)
+    if (!errors[size_t(r)].empty()) throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[size_t(r)]);
+
+  tensor_map result;
+  for (const auto& [name, x] : outs[0]) {
+    if (name == "o" || name == "dq" || name == "dk" || name == "dv" || name == "dlog_g") {
+      std::vector<int64_t> shape = x.shape;
+      shape[1] = whole.t;
+      host_tensor joined = host_tensor::zeros(x.dtype, shape);
+      for (int64_t r = 0; r < R; ++r) put_axis1(joined, outs[size_t(r)].at(name), bounds[r]);
+      result[name] = std::move(joined);
+    } else {
+      result[name] = x;  // final_S, final_z (every rank's), dinitial_S, dinitial_z (rank 0's)
+    }
   }
   return result;
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cases.hpp"
@@ -30,5 +31,13 @@ tensor_map context_parallel_forward(expanse::context& ctx, const op_config& whol
 // dk, dv (dlog_g, dinitial_S, dinitial_z as the config has them).
 tensor_map context_parallel_backward(expanse::context& ctx, const op_config& whole, const tensor_map& inputs,
                                      const std::vector<int64_t>& bounds, bool oracle);
+
+// The same through the C API (expanse_context_parallel_power_attention and its backward, as `whole`'s
+// op is power_attention or power_attention_backward): the ranks are threads of this process, each
+// with its own context on `backend`, joined by an all-gather through host memory. For a backend whose
+// memory is the host's and whose contexts run in parallel threads (the reference). Returns the
+// pieces' outputs joined (the final state and dinitial_* as rank 0 has them).
+tensor_map context_parallel_threads(const std::string& backend, const op_config& whole, const tensor_map& inputs,
+                                    const std::vector<int64_t>& bounds);
 
 }  // namespace expanse::harness

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "codes.hpp"
+#include "context_stream.hpp"
 #include "errors.hpp"
 #include "expanse/backend.h"
 #include "finite_check.hpp"
@@ -24,6 +25,8 @@ struct expanse_context {
   void* allocate_user = nullptr;
   expanse_choose_chunk_size_fn choose_chunk_size = nullptr;  // the backend's rule for EXPANSE_CHUNK_AUTO
 };
+
+void* expanse::detail::context_stream(const expanse_context* ctx) { return ctx->stream; }
 
 namespace {
 
@@ -289,6 +292,17 @@ EXPANSE_API expanse_status expanse_synchronize(expanse_context* ctx) {
     const expanse_status st = table_of(c).synchronize(c.device, c.stream, err, sizeof(err));
     err[sizeof(err) - 1] = '\0';
     backend_call(c, "synchronize", st, err);
+  });
+}
+
+EXPANSE_API expanse_status expanse_backend_proc(const expanse_context* ctx, const char* name, void** proc) {
+  return guarded([&] {
+    if (!ctx) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_backend_proc: argument 'ctx' is NULL");
+    if (!name) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_backend_proc: argument 'name' is NULL");
+    if (!proc) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "expanse_backend_proc: argument 'proc' is NULL");
+    const expanse_backend& table = *ctx->backend->table;
+    *proc = table.get_proc_address ? table.get_proc_address(name) : nullptr;
+    if (!*proc) fail(EXPANSE_ERROR_UNSUPPORTED, "backend '%s' has no extra named '%s'", ctx->backend->name.c_str(), name);
   });
 }
 

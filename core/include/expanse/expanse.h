@@ -542,6 +542,42 @@ EXPANSE_API expanse_status expanse_chunk_attention_backward(expanse_context* ctx
                                                             const expanse_chunk_attention_backward_args* a);
 EXPANSE_API expanse_status expanse_sequence_state(expanse_context* ctx, const expanse_sequence_state_args* a);
 
+/* ---------------------------------------------------------------- context parallelism (docs/spec.md) */
+
+/* A collective the caller owns: gathers `bytes` bytes from each rank into recv (rank r's at byte
+ * r * bytes), ordered on `stream` (the context's stream). Returns 0 on success. The CUDA plugin offers
+ * NCCL's as the extra "expanse_nccl_allgather" (user: the ncclComm_t; expanse_backend_proc). */
+typedef int32_t (*expanse_allgather_fn)(const void* send, void* recv, size_t bytes, void* stream, void* user);
+
+typedef struct expanse_context_parallel {
+  int32_t rank;  /* this rank: it holds the rank-th piece of the sequence */
+  int32_t ranks; /* >= 1 */
+  expanse_allgather_fn allgather;
+  void* user; /* given to allgather */
+} expanse_context_parallel;
+
+/* power_attention of one sequence split across ranks, every rank calling it with its piece in `a`
+ * (pieces in rank order, any lengths >= 1; the same b, heads, options and chunk size everywhere).
+ * o receives this piece's output, equal to one call over the whole sequence; final_S/final_z, where
+ * given, the sequence's final state, on every rank. initial_S/initial_z, the sequence's initial state,
+ * hold the same values on every rank (or are absent on all). Each rank sends, once, its piece's state
+ * from zero and total log decay (sequence_state): D*e + D + 1 values per batch entry and kv head. */
+EXPANSE_API expanse_status expanse_context_parallel_power_attention(expanse_context* ctx,
+                                                                     const expanse_context_parallel* cp,
+                                                                     const expanse_power_attention_args* a);
+/* Its gradients, every rank calling it with its piece: o its output, dout its cotangent; dfinal_S /
+ * dfinal_z (the cotangent of the sequence's final state) and the initial state hold the same values on
+ * every rank. dq, dk, dv, dlog_g receive this piece's gradients; dinitial_S/dinitial_z the initial
+ * state's gradient on rank 0 and zeros on the others. Each rank sends its forward exchange again and
+ * the cotangent of its entering state, and runs its piece's backward twice (the first for that
+ * cotangent). */
+EXPANSE_API expanse_status expanse_context_parallel_power_attention_backward(
+    expanse_context* ctx, const expanse_context_parallel* cp, const expanse_power_attention_backward_args* a);
+
+/* The extra named `name` of the context's backend (a function pointer the backend documents), or
+ * EXPANSE_ERROR_UNSUPPORTED when it has none by that name. */
+EXPANSE_API expanse_status expanse_backend_proc(const expanse_context* ctx, const char* name, void** proc);
+
 /* Memory on the context's device, for callers without a framework (the CLI, tests, C users). */
 typedef enum expanse_copy_kind {
   EXPANSE_COPY_HOST_TO_DEVICE = 0,
