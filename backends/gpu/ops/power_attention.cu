@@ -6,15 +6,16 @@
 // final state. Each step runs through its operation's implementation list (the fastest that takes
 // the step's problem; EXPANSE_<BACKEND>_SKIP and _VERBOSE apply), on the phi table and gate
 // sums made once here for all of them.
+#include "gpu/ops/chunk_states.hpp"
 #include "gpu/ops/common.hpp"
-#include "gpu/ops/discumsum.hpp"
 #include "gpu/ops/implementations.hpp"
 
 namespace expanse_gpu {
 namespace {
 
-// The memo slots of the steps' choices (dispatcher::run_step).
-enum step_slot { kChunkAttention = 1, kUpdateState, kDiscumsumS, kDiscumsumZ, kQueryState };
+// The memo slots of the steps' choices (dispatcher::run_step); run_chunk_states takes kUpdateState and
+// the two after it.
+enum step_slot { kChunkAttention = 1, kUpdateState, kQueryState = kUpdateState + 3 };
 
 }  // namespace
 
@@ -55,25 +56,9 @@ void power_attention_chunked_run(const expanse_op& op, launch_context& lc) {
   run_step(EXPANSE_OP_CHUNK_ATTENTION, &att, att_pb, kChunkAttention);
 
   // 2. States entering each chunk (and the final state).
-  if (need_states) {
-    expanse_update_state_args upd{a.k, a.v, a.log_g, &S, z.data ? &z : nullptr, pb.p, pb.c, pb.layout};
-    const expanse_problem upd_pb = step_problem(pb, pb.input_dtype, EXPANSE_F32);
-    run_step(EXPANSE_OP_UPDATE_STATE, &upd, upd_pb, kUpdateState);
-
-    expanse_tensor A{};
-    if (shared.g.total) A = totals_view(shared.g, pb, dev);
-    auto scan = [&](expanse_tensor& X, const expanse_tensor* initial, const expanse_tensor* final_state, int64_t rows,
-                    int slot) {
-      const discumsum_step_args scan_args{{&X, A.data ? &A : nullptr, initial, &X}, final_state};
-      expanse_problem scan_pb = step_problem(pb, EXPANSE_F32, EXPANSE_F32);
-      scan_pb.rows = rows;
-      scan_pb.has_initial_state = initial != nullptr;
-      scan_pb.want_final_state = 1;  // the step form (discumsum_step_args)
-      run_step(EXPANSE_OP_DISCUMSUM, &scan_args, scan_pb, slot);
-    };
-    scan(S, a.initial_S, a.final_S, pb.D * pb.e, kDiscumsumS);
-    if (z.data) scan(z, a.initial_z, a.final_z, pb.D, kDiscumsumZ);
-  }
+  if (need_states)
+    run_chunk_states(pb, {a.k, a.v, a.log_g, S, z, a.initial_S, a.initial_z, a.final_S, a.final_z}, shared, lc,
+                     kUpdateState);
 
   // 3. Inter-chunk terms combined with the intra-chunk ones.
   expanse_query_state_args qs{a.q,  S.data ? &S : nullptr, z.data ? &z : nullptr, a.log_g, &y, &l, &rowmax, a.o,

@@ -45,8 +45,8 @@ void take_cotangent_states(const expanse_op& op, const backward_plan& plan, work
 
 forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,
                                        launch_context& lc, update_state_launcher update) {
-  enum step_slot { kUpdateState = 1, kDiscumsumS, kDiscumsumZ };
-  static_assert(kDiscumsumZ == kForwardSweepSlots, "the slots the sweep takes");
+  constexpr int kUpdateState = 1;  // run_chunk_states takes it and the two after it
+  static_assert(kUpdateState + 2 == kForwardSweepSlots, "the slots the sweep takes");
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
   const expanse_tensor& dev = *a.q;
@@ -59,23 +59,10 @@ forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan
     fw.S_final = f32_view(lc.ws.take<float>(size_t(heads * pb.D * pb.e)), {pb.b, pb.h, pb.D, pb.e}, dev);
     if (plan.need_z) fw.z_final = f32_view(lc.ws.take<float>(size_t(heads * pb.D)), {pb.b, pb.h, pb.D}, dev);
   }
-  launch_context steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &shared};
-  expanse_update_state_args upd{a.k, a.v, a.log_g, &fw.S, fw.z.data ? &fw.z : nullptr, pb.p, pb.c, pb.layout};
-  const expanse_problem upd_pb = step_problem(pb, pb.input_dtype, EXPANSE_F32);
-  if (!update) lc.dispatch.run_step({EXPANSE_OP_UPDATE_STATE, &upd, &upd_pb, nullptr}, kUpdateState, steps);
-  else if (!lc.ws.sizing()) update(*a.k, *a.v, shared.g, shared.phi, upd_pb, fw.S, fw.z.data ? &fw.z : nullptr, steps);
-  expanse_tensor A{};
-  if (shared.g.total) A = totals_view(shared.g, pb, dev);
-  auto scan = [&](expanse_tensor& X, const expanse_tensor* initial, expanse_tensor& fin, int64_t rows, int slot) {
-    const discumsum_step_args scan_args{{&X, A.data ? &A : nullptr, initial, &X}, fin.data ? &fin : nullptr};
-    expanse_problem scan_pb = step_problem(pb, EXPANSE_F32, EXPANSE_F32);
-    scan_pb.rows = rows;
-    scan_pb.has_initial_state = initial != nullptr;
-    scan_pb.want_final_state = 1;  // the step form
-    lc.dispatch.run_step({EXPANSE_OP_DISCUMSUM, &scan_args, &scan_pb, nullptr}, slot, steps);
-  };
-  scan(fw.S, a.initial_S, fw.S_final, pb.D * pb.e, kDiscumsumS);
-  if (fw.z.data) scan(fw.z, a.initial_z, fw.z_final, pb.D, kDiscumsumZ);
+  run_chunk_states(pb,
+                   {a.k, a.v, a.log_g, fw.S, fw.z, a.initial_S, a.initial_z, fw.S_final.data ? &fw.S_final : nullptr,
+                    fw.z_final.data ? &fw.z_final : nullptr},
+                   shared, lc, kUpdateState, update);
   if (!plan.forward_states) fw.S = fw.z = expanse_tensor{};  // only the final state was wanted
   return fw;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "gpu/kernels/backward_simple.hpp"
+#include "gpu/ops/chunk_states.hpp"
 #include "gpu/ops/common.hpp"
 
 namespace expanse_gpu {
@@ -33,9 +34,6 @@ struct forward_sweep {
   expanse_tensor S, z, S_final, z_final;
 };
 constexpr int kForwardSweepSlots = 3;
-using update_state_launcher = void (*)(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
-                                       const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
-                                       const expanse_tensor* z, launch_context& lc);
 forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,
                                        launch_context& lc, update_state_launcher update = nullptr);
 

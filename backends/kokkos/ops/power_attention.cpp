@@ -5,10 +5,8 @@
 // on one phi table and one set of gate sums. The quadratic form is the same with one chunk (c = t):
 // step 2 then only runs for an initial or final state.
 #include "kokkos/kernels/chunk_attention.hpp"
-#include "kokkos/kernels/discumsum.hpp"
-#include "kokkos/kernels/gates.hpp"
 #include "kokkos/kernels/query_state.hpp"
-#include "kokkos/kernels/update_state.hpp"
+#include "kokkos/ops/chunk_states.hpp"
 #include "kokkos/ops/common.hpp"
 #include "kokkos/ops/implementations.hpp"
 
@@ -40,16 +38,9 @@ void power_attention_chunked_run(const expanse_op& op, launch_context& lc) {
     // 1. Intra-chunk attention.
     launch_chunk_attention(space, tensor_ref(a.q), tensor_ref(a.k), tensor_ref(a.v), g, pb, y_ref, l_ref, rowmax_ref);
     // 2. States entering each chunk (and the final state), scanned in place.
-    if (need_states) {
-      launch_update_state(space, tensor_ref(a.k), tensor_ref(a.v), g, table, pb, S_ref, z_ref);
-      if (A) launch_chunk_totals(space, g, b, h, n, A);
-      const tensor_ref A_ref = A ? f32_buffer(A, {b, n, h}) : tensor_ref{};
-      auto scan = [&](const state_ref& X, int64_t elems, const expanse_tensor* initial, const expanse_tensor* final_state) {
-        launch_discumsum(space, X, A_ref, state_of(initial, false), X, state_of(final_state, false), b, n, h, elems);
-      };
-      scan(chunk_states_of(S_ref, {b, n, h, D, e}), D * e, a.initial_S, a.final_S);
-      if (z) scan(chunk_states_of(z_ref, {b, n, h, D}), D, a.initial_z, a.final_z);
-    }
+    if (need_states)
+      launch_chunk_states(space, tensor_ref(a.k), tensor_ref(a.v), g, table, pb, S, z, A, a.initial_S, a.initial_z,
+                          a.final_S, a.final_z);
     // 3. Inter-chunk terms combined with the intra-chunk ones.
     launch_query_state(space, tensor_ref(a.q), S_ref, z_ref, g, table, pb, intra_terms{y_ref, l_ref, rowmax_ref},
                        tensor_ref(a.o));

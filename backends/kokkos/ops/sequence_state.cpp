@@ -1,8 +1,8 @@
 // sequence_state on the Kokkos backend: update_state into per-chunk states, scanned over the chunks by
-// discumsum with the final state written to S (and z), and the chunk totals summed into A.
-#include "kokkos/kernels/discumsum.hpp"
+// discumsum with the final state written to S (and z) (ops/chunk_states.hpp), and the chunk totals
+// summed into A.
 #include "kokkos/kernels/gates.hpp"
-#include "kokkos/kernels/update_state.hpp"
+#include "kokkos/ops/chunk_states.hpp"
 #include "kokkos/ops/common.hpp"
 #include "kokkos/ops/implementations.hpp"
 
@@ -22,16 +22,8 @@ void sequence_state_chunked_run(const expanse_op& op, launch_context& lc) {
   float* A = g.present() ? lc.ws.take<float>(size_t(b * n * h)) : nullptr;
   if (lc.ws.sizing() || b * h == 0) return;
 
-  const tensor_ref S_ref = f32_buffer(S, {b, n, h, D, e}), z_ref = z ? f32_buffer(z, {b, n, h, D}) : tensor_ref{};
   on_space(op, lc, [&](auto space) {
-    launch_update_state(space, tensor_ref(a.k), tensor_ref(a.v), g, table, pb, S_ref, z_ref);
-    if (A) launch_chunk_totals(space, g, b, h, n, A);
-    const tensor_ref A_ref = A ? f32_buffer(A, {b, n, h}) : tensor_ref{};
-    launch_discumsum(space, chunk_states_of(S_ref, {b, n, h, D, e}), A_ref, state_ref{}, chunk_states_of(S_ref, {b, n, h, D, e}),
-                     state_of(a.S, false), b, n, h, D * e);
-    if (z)
-      launch_discumsum(space, chunk_states_of(z_ref, {b, n, h, D}), A_ref, state_ref{}, chunk_states_of(z_ref, {b, n, h, D}),
-                       state_of(a.z, false), b, n, h, D);
+    launch_chunk_states(space, tensor_ref(a.k), tensor_ref(a.v), g, table, pb, S, z, A, nullptr, nullptr, a.S, a.z);
     if (a.A) launch_sequence_totals(space, g, b, h, n, tensor_ref(a.A));
   });
 }
