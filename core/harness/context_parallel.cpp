@@ -350,7 +350,8 @@ tensor_map context_parallel_backward(expanse::context& ctx, const op_config& who
 namespace expanse::harness {
 
 tensor_map context_parallel_threads(const std::string& backend, const op_config& whole, const tensor_map& inputs,
-                                    const std::vector<int64_t>& bounds) {
+                                    const std::vector<int64_t>& bounds,
+                                    const std::function<rank_collective(int rank)>& collective) {
   const int64_t R = ranks_of(bounds, whole.t);
   const bool backward = whole.op == expanse::ops::power_attention_backward;
   host_allgather shared;
@@ -362,14 +363,15 @@ tensor_map context_parallel_threads(const std::string& backend, const op_config&
   for (int64_t r = 0; r < R; ++r)
     threads.emplace_back([&, r] {
       try {
-        expanse::context ctx(backend);
         host_allgather::rank_view me{&shared, int(r)};
-        const expanse_context_parallel cp{int32_t(r), int32_t(R), &host_allgather::gather, &me};
+        const rank_collective mine = collective ? collective(int(r)) : rank_collective{0, &host_allgather::gather, &me};
+        expanse::context ctx(backend, mine.device);
+        const expanse_context_parallel cp{int32_t(r), int32_t(R), mine.allgather, mine.user};
         const op_config c = piece_config(whole, bounds[r + 1] - bounds[r], whole.initial_state, whole.final_state);
         tensor_map in = piece_inputs(inputs, bounds[r], bounds[r + 1]);
         for (const char* name : {"initial_S", "initial_z", "dfinal_S", "dfinal_z"})  // the same on every rank
           if (inputs.count(name)) in[name] = inputs.at(name);
-        prepared_run run(ctx, c, in, /*oracle=*/true);
+        prepared_run run(ctx, c, in, /*oracle=*/whole.dtype == EXPANSE_F64);
         run.call_with_args([&](void* args) {
           expanse::check(backward ? expanse_context_parallel_power_attention_backward(
                                         ctx.get(), &cp, static_cast<const expanse_power_attention_backward_args*>(args))

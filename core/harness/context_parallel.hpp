@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,12 +33,22 @@ tensor_map context_parallel_forward(expanse::context& ctx, const op_config& whol
 tensor_map context_parallel_backward(expanse::context& ctx, const op_config& whole, const tensor_map& inputs,
                                      const std::vector<int64_t>& bounds, bool oracle);
 
+// What a rank of context_parallel_threads runs on: its device and its all-gather (with its user
+// pointer, e.g. NCCL's with the rank's communicator).
+struct rank_collective {
+  int32_t device;
+  expanse_allgather_fn allgather;
+  void* user;
+};
+
 // The same through the C API (expanse_context_parallel_power_attention and its backward, as `whole`'s
 // op is power_attention or power_attention_backward): the ranks are threads of this process, each
-// with its own context on `backend`, joined by an all-gather through host memory. For a backend whose
-// memory is the host's and whose contexts run in parallel threads (the reference). Returns the
-// pieces' outputs joined (the final state and dinitial_* as rank 0 has them).
+// with its own context on `backend`. Without `collective` they share device 0 and an all-gather
+// through host memory (for a backend whose memory is the host's and whose contexts run in parallel
+// threads: the reference); with it, rank r runs on collective(r). Returns the pieces' outputs joined
+// (the final state and dinitial_* as rank 0 has them).
 tensor_map context_parallel_threads(const std::string& backend, const op_config& whole, const tensor_map& inputs,
-                                    const std::vector<int64_t>& bounds);
+                                    const std::vector<int64_t>& bounds,
+                                    const std::function<rank_collective(int rank)>& collective = {});
 
 }  // namespace expanse::harness
