@@ -1,7 +1,8 @@
-"""expanse.torch.context_parallel_power_attention on the CPU (skipped without PyTorch): ranks are
-processes joined by torch.distributed's gloo backend, each with its piece of one sequence; their
-outputs and gradients (and the final state's) equal one expanse.power_attention call over the whole
-sequence, on the reference backend in float64."""
+"""expanse.torch.context_parallel_power_attention (skipped without PyTorch): ranks are processes,
+each with its piece of one sequence; their outputs and gradients (and the final state's) equal one
+expanse.power_attention call over the whole sequence. On the CPU: gloo, the reference backend,
+float64, within 1e-12. On a machine with 2 or more CUDA devices, also: NCCL, one GPU per rank, the
+cuda backend, float32, within 1e-5 of one call on GPU 0 (docs/spec.md's f32 tolerance)."""
 
 import os
 
@@ -49,6 +50,17 @@ def _loss(o, do, final, dS, dz):
     return loss + (z * dz).sum() if z is not None else loss
 
 
+# Where the ranks run: (process group backend, expanse backend, tolerance), and the tensors' device and dtype.
+WHERE = {"cpu": ("gloo", "reference", 1e-12), "cuda": ("nccl", None, 1e-5)}
+
+
+def _on(where, rank, x):
+    """x (float64 on the CPU) as the ranks of `where` take it."""
+    if x is None or where == "cpu":
+        return x
+    return x.float().to(f"cuda:{rank}")
+
+
 def _leaves(q, k, v, log_g, initial):
     xs = [x.clone().requires_grad_() for x in (q, k, v)]
     lg = log_g.clone().requires_grad_() if log_g is not None else None
@@ -56,18 +68,24 @@ def _leaves(q, k, v, log_g, initial):
     return xs, lg, init
 
 
-def _rank(rank, world, init_file, out_dir, case, seed):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+def _rank(rank, world, init_file, out_dir, case, seed, where):
+    group_backend, backend, _ = WHERE[where]
+    if where == "cuda":
+        torch.cuda.set_device(rank)
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    dist.init_process_group(group_backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         bounds, opts = CASES[case]
-        q, k, v, log_g, initial, do, dS, dz = _problem(opts, seed)
+        problem = _problem(opts, seed)
+        q, k, v, log_g, do, dS, dz = (_on(where, rank, x) for x in problem[:4] + problem[5:])
+        initial = None if problem[4] is None else tuple(_on(where, rank, x) for x in problem[4])
         first, last = bounds[rank], bounds[rank + 1]
         piece = lambda x: x[:, first:last].clone()  # noqa: E731
         (qr, kr, vr), lg, init = _leaves(piece(q), piece(k), piece(v), piece(log_g) if log_g is not None else None,
                                          initial)
         o, final = expanse.torch.context_parallel_power_attention(
             qr, kr, vr, lg, p=opts["p"], normalize=opts["normalize"], chunk_size=opts["chunk_size"],
-            initial_state=init, output_final_state=True, backend="reference")
+            initial_state=init, output_final_state=True, backend=backend)
         # The final state's cotangent enters on the last rank only (it is the same state on every rank).
         last_rank = rank == world - 1
         loss = _loss(o, piece(do), final, dS if last_rank else torch.zeros_like(dS),
@@ -76,7 +94,7 @@ def _rank(rank, world, init_file, out_dir, case, seed):
         result = {"o": o.detach(), "final": tuple(x.detach() if x is not None else None for x in final),
                   "dq": qr.grad, "dk": kr.grad, "dv": vr.grad, "dlog_g": lg.grad if lg is not None else None,
                   "dinit": tuple(x.grad for x in init) if init is not None else None}
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))  # loaded onto the CPU
     finally:
         dist.destroy_process_group()
 
@@ -85,36 +103,53 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm()) if b.norm() > 0 else float((a - b).norm())
 
 
-@pytest.mark.parametrize("case", range(len(CASES)))
-def test_context_parallel_equals_one_call(tmp_path, case):
+def _check_against_one_call(tmp_path, case, where):
     bounds, opts = CASES[case]
     world, seed = len(bounds) - 1, 17 + case
-    mp.spawn(_rank, args=(world, str(tmp_path / "init"), str(tmp_path), case, seed), nprocs=world, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    _, backend, tol = WHERE[where]
+    mp.spawn(_rank, args=(world, str(tmp_path / "init"), str(tmp_path), case, seed, where), nprocs=world, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in range(world)]
 
-    q, k, v, log_g, initial, do, dS, dz = _problem(opts, seed)
+    problem = _problem(opts, seed)
+    q, k, v, log_g, do, dS, dz = (_on(where, 0, x) for x in problem[:4] + problem[5:])
+    initial = None if problem[4] is None else tuple(_on(where, 0, x) for x in problem[4])
     (wq, wk, wv), wlg, winit = _leaves(q, k, v, log_g, initial)
     o, final = expanse.power_attention(wq, wk, wv, wlg, p=opts["p"], normalize=opts["normalize"],
                                        chunk_size=opts["chunk_size"], initial_state=winit, output_final_state=True,
-                                       backend="reference")
+                                       backend=backend)
     _loss(o, do, final, dS, dz).backward()
+    cpu = lambda x: x.detach().cpu()  # noqa: E731
 
-    tol = 1e-12  # docs/spec.md, float64
     cat = lambda name: torch.cat([r[name] for r in ranks], dim=1)  # noqa: E731
-    assert _rel(cat("o"), o.detach()) <= tol
+    assert _rel(cat("o"), cpu(o)) <= tol
     for r in ranks:  # every rank returns the sequence's final state
-        assert _rel(r["final"][0], final[0].detach()) <= tol
+        assert _rel(r["final"][0], cpu(final[0])) <= tol
         if opts["normalize"]:
-            assert _rel(r["final"][1], final[1].detach()) <= tol
+            assert _rel(r["final"][1], cpu(final[1])) <= tol
     for name, ref in (("dq", wq.grad), ("dk", wk.grad), ("dv", wv.grad)):
-        assert _rel(cat(name), ref) <= tol, name
+        assert _rel(cat(name), cpu(ref)) <= tol, name
     if wlg is not None:
-        assert _rel(cat("dlog_g"), wlg.grad) <= tol
+        assert _rel(cat("dlog_g"), cpu(wlg.grad)) <= tol
     if winit is not None:  # rank 0's initial state gets the whole gradient, the others' none
         for got, ref in zip(ranks[0]["dinit"], (x.grad for x in winit)):
-            assert _rel(got, ref) <= tol
+            assert _rel(got, cpu(ref)) <= tol
         for r in ranks[1:]:
             assert all(g is None or float(g.abs().max()) == 0 for g in r["dinit"])
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_context_parallel_equals_one_call(tmp_path, case):
+    _check_against_one_call(tmp_path, case, "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2
+                    or not dist.is_nccl_available(), reason="skipped: needs 2 CUDA devices and NCCL")
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_context_parallel_on_gpus_equals_one_gpu(tmp_path, case):
+    ranks = len(CASES[case][0]) - 1
+    if torch.cuda.device_count() < ranks:
+        pytest.skip(f"skipped: this case takes {ranks} CUDA devices, {torch.cuda.device_count()} visible")
+    _check_against_one_call(tmp_path, case, "cuda")
 
 
 def test_needs_an_initialized_process_group():
