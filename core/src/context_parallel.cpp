@@ -3,8 +3,6 @@
 // The gathered buffer is rank-major: each rank's block holds its state from zero S [b,h,D,e], then z
 // [b,h,D] where normalized, then its total log decay A [b,h], so that strided views of it are
 // discumsum's X and A over the rank axis directly (and S, z, A are disjoint outputs of sequence_state).
-#include <cstring>
-#include <utility>
 #include <vector>
 
 #include "context_stream.hpp"
@@ -207,8 +205,8 @@ EXPANSE_API expanse_status expanse_context_parallel_power_attention_backward(
     check_cp(cp, fn);
     if (!a) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument 'a' is NULL", fn);
     call(expanse_supports(ctx, EXPANSE_OP_POWER_ATTENTION_BACKWARD, a, nullptr, 0));
-    for (auto [name, t] : {std::pair{"dfinal_S", a->dfinal_S}, {"dfinal_z", a->dfinal_z}})
-      require_contiguous(fn, name, t);
+    require_contiguous(fn, "dfinal_S", a->dfinal_S);
+    require_contiguous(fn, "dfinal_z", a->dfinal_z);
     require_contiguous(fn, "dinitial_S", a->dinitial_S);
     require_contiguous(fn, "dinitial_z", a->dinitial_z);
     expanse_power_attention_args fwd;  // the forward of the piece, for the chunk size of its states
