@@ -119,5 +119,38 @@ TEST_CASE("the C API's context parallelism refuses a bad rank or a missing all-g
   CHECK(std::string(expanse_last_error()).find("argument 'cp' is NULL") != std::string::npos);
   void* proc = nullptr;
   CHECK(expanse_backend_proc(ctx.get(), "expanse_nccl_allgather", &proc) == EXPANSE_ERROR_UNSUPPORTED);
+
+  // The states it copies flat must be contiguous: a final state (forward) or its cotangent (backward)
+  // with its last two dims transposed is refused by name before anything runs.
+  const expanse_context_parallel one{0, 1, [](const void*, void*, size_t, void*, void*) { return int32_t(1); }, nullptr};
+  h::op_config cfg = split_cases()[0].cfg;
+  cfg.dtype = EXPANSE_F64;
+  const h::tensor_map in = h::make_inputs(cfg, test_seed());
+  auto transposed = [](expanse_tensor t) {  // [.., D, e] with column-major strides in the last two dims
+    t.strides[3] = t.shape[2];
+    t.strides[2] = 1;
+    return t;
+  };
+  for (bool backward : {false, true}) {
+    const h::op_config c = backward ? cfg : forward_of(cfg);
+    h::prepared_run run(ctx, c, backward ? in : forward_inputs(in), true);
+    expanse_status st = EXPANSE_OK;
+    run.call_with_args([&](void* args) {
+      if (backward) {
+        auto a = *static_cast<const expanse_power_attention_backward_args*>(args);
+        const expanse_tensor t = transposed(*a.dfinal_S);
+        a.dfinal_S = &t;
+        st = expanse_context_parallel_power_attention_backward(ctx.get(), &one, &a);
+      } else {
+        auto a = *static_cast<const expanse_power_attention_args*>(args);
+        expanse_tensor t = transposed(*a.final_S);
+        a.final_S = &t;
+        st = expanse_context_parallel_power_attention(ctx.get(), &one, &a);
+      }
+    });
+    CHECK(st == EXPANSE_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(expanse_last_error()).find(backward ? "argument 'dfinal_S' must be contiguous"
+                                                          : "argument 'final_S' must be contiguous") != std::string::npos);
+  }
   CHECK(proc == nullptr);
 }

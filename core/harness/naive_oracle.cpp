@@ -209,6 +209,17 @@ struct problem {
     return sum;
   }
 
+  // One token of the recurrence: S <- g S + phi(k) v^T and z <- g z + phi(k), with k and v read at
+  // the element offsets k_at and v_at.
+  void advance(std::vector<real>& S, std::vector<real>& z, real g, int64_t k_at, int64_t v_at) const {
+    const std::vector<real> fk = phi_ext(in.vec("k", k_at, d), p, cfg.layout);
+    const std::vector<real> vj = in.vec("v", v_at, e);
+    for (int64_t x = 0; x < D; ++x) {
+      z[size_t(x)] = g * z[size_t(x)] + fk[size_t(x)];
+      for (int64_t y = 0; y < e; ++y) S[size_t(x * e + y)] = g * S[size_t(x * e + y)] + fk[size_t(x)] * vj[size_t(y)];
+    }
+  }
+
   // Query qs's pairs with the keys j <= ti of (bi, hi), in sequences of T tokens, summed in the
   // token domain: den = sum_j w_j and num = sum_j w_j v_j, w_j = exp(sum of log_g over (j, ti])
   // (s q . k_j)^p; and state_decay = exp(sum of log_g over [0, ti]), the decay of the state before
@@ -411,13 +422,7 @@ struct problem {
         const std::vector<real> S0 = S, S0z = z;
         for (int64_t ti = 0; ti < T; ++ti) {
           const real g = gated ? std::exp(real(in.at("log_g", (bi * T + ti) * h + hi))) : real(1);
-          const std::vector<real> fk = phi_ext(in.vec("k", sk(bi, ti, hi), d), p, cfg.layout);
-          const std::vector<real> vj = in.vec("v", sv(bi, ti, hi), e);
-          for (int64_t x = 0; x < D; ++x) {
-            z[static_cast<size_t>(x)] = g * z[static_cast<size_t>(x)] + fk[static_cast<size_t>(x)];
-            for (int64_t y = 0; y < e; ++y)
-              S[static_cast<size_t>(x * e + y)] = g * S[static_cast<size_t>(x * e + y)] + fk[static_cast<size_t>(x)] * vj[static_cast<size_t>(y)];
-          }
+          advance(S, z, g, sk(bi, ti, hi), sv(bi, ti, hi));
           // o_t from the pairs (see causal_pair_sums), plus the decayed state before token 0.
           for (int64_t qi = hi * r; qi < (hi + 1) * r; ++qi) {
             const std::vector<real> qs = scaled(in.vec("q", sq(bi, ti, qi), d), scale);
@@ -468,14 +473,9 @@ struct problem {
           if (cfg.normalize) zs[0] = in.vec("initial_z", (bi * h + hi) * D, D);
         }
         for (int64_t ti = 0; ti < t; ++ti) {
-          const real g = std::exp(logg(bi, ti, hi));
-          const std::vector<real> fk = phi_ext(in.vec("k", koff(bi, ti, hi), d), p, cfg.layout);
-          const std::vector<real> vj = in.vec("v", voff(bi, ti, hi), e);
-          for (int64_t x = 0; x < D; ++x) {
-            zs[size_t(ti + 1)][size_t(x)] = g * zs[size_t(ti)][size_t(x)] + fk[size_t(x)];
-            for (int64_t y = 0; y < e; ++y)
-              states[size_t(ti + 1)][size_t(x * e + y)] = g * states[size_t(ti)][size_t(x * e + y)] + fk[size_t(x)] * vj[size_t(y)];
-          }
+          states[size_t(ti + 1)] = states[size_t(ti)];
+          zs[size_t(ti + 1)] = zs[size_t(ti)];
+          advance(states[size_t(ti + 1)], zs[size_t(ti + 1)], std::exp(logg(bi, ti, hi)), koff(bi, ti, hi), voff(bi, ti, hi));
         }
         std::vector<real> dS(size_t(De), 0.0), dz(size_t(D), 0.0);
         if (cfg.final_state) {
@@ -755,14 +755,8 @@ struct problem {
         std::vector<real> s(static_cast<size_t>(D * e), 0.0), zz(static_cast<size_t>(D), 0.0);
         real total = 0;
         for (int64_t ti = 0; ti < t; ++ti) {
-          const real g = std::exp(logg(bi, ti, hi));
           total += logg(bi, ti, hi);
-          const std::vector<real> fk = phi_ext(in.vec("k", koff(bi, ti, hi), d), p, cfg.layout);
-          const std::vector<real> vj = in.vec("v", voff(bi, ti, hi), e);
-          for (int64_t x = 0; x < D; ++x) {
-            zz[size_t(x)] = g * zz[size_t(x)] + fk[size_t(x)];
-            for (int64_t y = 0; y < e; ++y) s[size_t(x * e + y)] = g * s[size_t(x * e + y)] + fk[size_t(x)] * vj[size_t(y)];
-          }
+          advance(s, zz, std::exp(logg(bi, ti, hi)), koff(bi, ti, hi), voff(bi, ti, hi));
         }
         for (int64_t x = 0; x < D * e; ++x) S.set((bi * h + hi) * D * e + x, double(s[size_t(x)]));
         for (int64_t x = 0; x < D; ++x) z.set((bi * h + hi) * D + x, double(zz[size_t(x)]));

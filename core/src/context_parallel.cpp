@@ -79,7 +79,7 @@ struct entering_states {
   entering_states(expanse_context* ctx, const layout_of_exchange& x)
       : gathered(ctx, x.bytes() * size_t(x.R)),
         S(ctx, size_t(x.b * (x.R + 1) * x.h * x.D * x.e) * x.element()),
-        z(ctx, size_t(x.b * (x.R + 1) * x.h * x.D) * x.element()) {}
+        z(ctx, x.normalize ? size_t(x.b * (x.R + 1) * x.h * x.D) * x.element() : 0) {}
   // Rank r's entering state as [b, h, D, e] / [b, h, D] views; r = R: the sequence's final state.
   expanse_tensor S_at(const layout_of_exchange& x, int64_t r) const {
     return view(Y.data, x.state_dtype, Y, {x.b, x.h, x.D, x.e}, {(x.R + 1) * x.h * x.D * x.e, x.D * x.e, x.e, 1},
