@@ -105,6 +105,22 @@ TEST_CASE("the C API's context parallelism, ranks as threads joined by a host al
   }
 }
 
+TEST_CASE("a rank's share of a single call's outputs: its tokens, the states, dinitial on rank 0 only") {
+  h::tensor_map outputs;
+  outputs["dq"] = h::host_tensor::zeros(EXPANSE_F32, {2, 10, 3, 4});  // [b, t, hq, d]
+  for (int64_t i = 0; i < outputs["dq"].numel(); ++i) outputs["dq"].set(i, double(i));
+  outputs["dinitial_S"] = h::host_tensor::zeros(EXPANSE_F32, {2, 3, 5, 4});
+  outputs["final_S"] = h::host_tensor::zeros(EXPANSE_F32, {2, 3, 5, 4});
+  const std::vector<int64_t> bounds{0, 6, 10};
+  const h::tensor_map first = h::rank_share(outputs, bounds, 0), second = h::rank_share(outputs, bounds, 1);
+  CHECK(first.count("dinitial_S") == 1);
+  CHECK(second.count("dinitial_S") == 0);
+  CHECK(second.count("final_S") == 1);
+  REQUIRE(second.at("dq").shape == std::vector<int64_t>{2, 4, 3, 4});
+  CHECK(second.at("dq").get(0) == double(6 * 12));                  // batch 0, token 6
+  CHECK(second.at("dq").get(4 * 12) == double(10 * 12 + 6 * 12));   // batch 1, token 6
+}
+
 TEST_CASE("the C API's context parallelism refuses a bad rank or a missing all-gather by name") {
   expanse::context ctx("reference");
   expanse_power_attention_args a;

@@ -108,7 +108,8 @@ def main():
         torch.cuda.reset_peak_memory_stats()
     result = {"ranks": ranks, "t_per_rank": t, "t_total": t * ranks, "b": b, "h": h, "d": d, "p": args.degree,
               "dtype": args.dtype, "chunk_size": args.chunk_size, "exchange": "allgather",
-              "device": torch.cuda.get_device_name() if cuda else "cpu"}
+              "device": torch.cuda.get_device_name() if cuda else "cpu", "version": expanse.__version__,
+              "date": time.strftime("%Y-%m-%d", time.gmtime())}
     result["cp_fwd_ms"] = slowest(timed(cp_forward, args.reps, args.warmup, cuda), device)
     result["cp_fwdbwd_ms"] = slowest(timed(cp_step, args.reps, args.warmup, cuda), device)
     if cuda:

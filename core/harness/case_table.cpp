@@ -237,6 +237,17 @@ std::vector<op_config> standard_cases() {
     cases.push_back(c);
   }
 
+  // update_state_backward at the tensor-core shape (p = 2, symmetric layout, d = e = 64): gated with
+  // resets and a ragged last chunk, b = 2; ungated f16 in one chunk longer than t.
+  {
+    op_config c = base(expanse::ops::update_state_backward);
+    c.d = 64; c.e = 64; c.p = 2; c.layout = kSympow; c.dtype = EXPANSE_BF16;
+    c.b = 2; c.t = 300; c.c = 96; c.h = 2; c.gated = c.resets = true;
+    cases.push_back(c);
+    c.b = 1; c.t = 150; c.c = 256; c.hq = c.h = 3; c.dtype = EXPANSE_F16; c.gated = c.resets = false;
+    cases.push_back(c);
+  }
+
   // power_attention_backward: quadratic and chunked, every p, gating, grouped heads, normalized or
   // not, initial and final states, ragged chunks, t = 1, resets, every dtype.
   for (int p = 1; p <= 4; ++p)

@@ -352,7 +352,7 @@ prepared_run::prepared_run(expanse::context& ctx, const op_config& cfg, const te
   auto upload = [&](const std::string& name, const host_tensor& h) {
     expanse::device_buffer buf = ctx.allocate(std::max<size_t>(h.bytes.size(), 1));
     ctx.copy(buf.data(), h.bytes.data(), h.bytes.size(), EXPANSE_COPY_HOST_TO_DEVICE);
-    views_[name] = expanse::tensor_of(buf.data(), h.dtype, h.shape, device);
+    views_[name] = expanse::tensor_of(buf.data(), h.dtype, h.shape, device, ctx.device());
     buffers_[name] = std::move(buf);
   };
   for (const auto& [name, h] : inputs) upload("in:" + name, h);
@@ -375,7 +375,7 @@ prepared_run::prepared_run(expanse::context& ctx, const op_config& cfg, views_on
   uint64_t next = uint64_t(1) << 20;
   auto place = [&](const std::string& name, const tensor_spec& spec) {
     views_[name] = expanse::tensor_of(reinterpret_cast<void*>(static_cast<uintptr_t>(next)), spec.dtype, spec.shape,
-                                      ctx.device_type());
+                                      ctx.device_type(), ctx.device());
     unsigned __int128 bytes = expanse_dtype_size(spec.dtype);
     for (int64_t extent : spec.shape) bytes = std::min<unsigned __int128>(bytes * uint64_t(std::max<int64_t>(extent, 0)), uint64_t(1) << 56);
     next += (static_cast<uint64_t>(bytes) + 511) / 256 * 256;

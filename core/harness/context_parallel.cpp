@@ -349,11 +349,46 @@ tensor_map context_parallel_backward(expanse::context& ctx, const op_config& who
 
 namespace expanse::harness {
 
+tensor_map context_parallel_rank(const std::string& backend, const op_config& whole, const tensor_map& inputs,
+                                 const std::vector<int64_t>& bounds, int rank, const rank_collective& mine) {
+  const int64_t R = ranks_of(bounds, whole.t);
+  const bool backward = whole.op == expanse::ops::power_attention_backward;
+  expanse::context ctx(backend, mine.device);
+  const expanse_context_parallel cp{int32_t(rank), int32_t(R), mine.allgather, mine.user};
+  const op_config c = piece_config(whole, bounds[rank + 1] - bounds[rank], whole.initial_state, whole.final_state);
+  tensor_map in = piece_inputs(inputs, bounds[rank], bounds[rank + 1]);
+  for (const char* name : {"initial_S", "initial_z", "dfinal_S", "dfinal_z"})  // the same on every rank
+    if (inputs.count(name)) in[name] = inputs.at(name);
+  prepared_run run(ctx, c, in, /*oracle=*/whole.dtype == EXPANSE_F64);
+  run.call_with_args([&](void* args) {
+    expanse::check(backward ? expanse_context_parallel_power_attention_backward(
+                                  ctx.get(), &cp, static_cast<const expanse_power_attention_backward_args*>(args))
+                            : expanse_context_parallel_power_attention(
+                                  ctx.get(), &cp, static_cast<const expanse_power_attention_args*>(args)));
+  });
+  return run.download();
+}
+
+namespace {
+// The outputs over the tokens (the others are states).
+bool is_token_output(const std::string& name) {
+  return name == "o" || name == "dq" || name == "dk" || name == "dv" || name == "dlog_g";
+}
+}  // namespace
+
+tensor_map rank_share(const tensor_map& outputs, const std::vector<int64_t>& bounds, int rank) {
+  tensor_map share;
+  for (const auto& [name, x] : outputs) {
+    if (is_token_output(name)) share[name] = slice_axis1(x, bounds[size_t(rank)], bounds[size_t(rank) + 1]);
+    else if (rank == 0 || name.rfind("dinitial_", 0) != 0) share[name] = x;
+  }
+  return share;
+}
+
 tensor_map context_parallel_threads(const std::string& backend, const op_config& whole, const tensor_map& inputs,
                                     const std::vector<int64_t>& bounds,
                                     const std::function<rank_collective(int rank)>& collective) {
   const int64_t R = ranks_of(bounds, whole.t);
-  const bool backward = whole.op == expanse::ops::power_attention_backward;
   host_allgather shared;
   shared.ranks = int(R);
   shared.blocks.resize(size_t(R));
@@ -365,20 +400,7 @@ tensor_map context_parallel_threads(const std::string& backend, const op_config&
       try {
         host_allgather::rank_view me{&shared, int(r)};
         const rank_collective mine = collective ? collective(int(r)) : rank_collective{0, &host_allgather::gather, &me};
-        expanse::context ctx(backend, mine.device);
-        const expanse_context_parallel cp{int32_t(r), int32_t(R), mine.allgather, mine.user};
-        const op_config c = piece_config(whole, bounds[r + 1] - bounds[r], whole.initial_state, whole.final_state);
-        tensor_map in = piece_inputs(inputs, bounds[r], bounds[r + 1]);
-        for (const char* name : {"initial_S", "initial_z", "dfinal_S", "dfinal_z"})  // the same on every rank
-          if (inputs.count(name)) in[name] = inputs.at(name);
-        prepared_run run(ctx, c, in, /*oracle=*/whole.dtype == EXPANSE_F64);
-        run.call_with_args([&](void* args) {
-          expanse::check(backward ? expanse_context_parallel_power_attention_backward(
-                                        ctx.get(), &cp, static_cast<const expanse_power_attention_backward_args*>(args))
-                                  : expanse_context_parallel_power_attention(
-                                        ctx.get(), &cp, static_cast<const expanse_power_attention_args*>(args)));
-        });
-        outs[size_t(r)] = run.download();
+        outs[size_t(r)] = context_parallel_rank(backend, whole, inputs, bounds, int(r), mine);
       } catch (const std::exception& e) {
         errors[size_t(r)] = e.what();
         shared.fail();  // the other ranks stop waiting for this one
@@ -390,7 +412,7 @@ tensor_map context_parallel_threads(const std::string& backend, const op_config&
 
   tensor_map result;
   for (const auto& [name, x] : outs[0]) {
-    if (name == "o" || name == "dq" || name == "dk" || name == "dv" || name == "dlog_g") {
+    if (is_token_output(name)) {
       std::vector<int64_t> shape = x.shape;
       shape[1] = whole.t;
       host_tensor joined = host_tensor::zeros(x.dtype, shape);

@@ -41,6 +41,17 @@ struct rank_collective {
   void* user;
 };
 
+// Rank `rank` of power_attention (or its backward, as `whole`'s op is) through the C API
+// (expanse_context_parallel_power_attention and its backward) on a context of `backend` on
+// mine.device, exchanging through mine.allgather: its piece's outputs (o or dq, dk, dv, dlog_g over
+// its tokens; the final state; dinitial_* where rank 0). Every rank of `bounds` must run it at once.
+tensor_map context_parallel_rank(const std::string& backend, const op_config& whole, const tensor_map& inputs,
+                                 const std::vector<int64_t>& bounds, int rank, const rank_collective& mine);
+
+// What rank `rank` gives of a single call's outputs: the token outputs over its piece, the final
+// state, and dinitial_* on rank 0 only (what context_parallel_rank returns, to compare with it).
+tensor_map rank_share(const tensor_map& outputs, const std::vector<int64_t>& bounds, int rank);
+
 // The same through the C API (expanse_context_parallel_power_attention and its backward, as `whole`'s
 // op is power_attention or power_attention_backward): the ranks are threads of this process, each
 // with its own context on `backend`. Without `collective` they share device 0 and an all-gather

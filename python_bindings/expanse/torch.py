@@ -81,6 +81,21 @@ class PowerAttention(torch.nn.Module):
         return (y, state) if output_final_state else y
 
 
+# A piece's own final state is summed by update_state chunks, each of which keeps a D x e state (f32)
+# until the backward: 35 GB at P1 for 1M tokens in chunks of 128. Bounding their number bounds that
+# memory; the sum does not depend on the chunking beyond rounding.
+_MAX_STATE_CHUNKS = 256
+
+
+def _state_chunk(t, chunk_size):
+    """The chunk size of a piece of t tokens' state: chunk_size (128 for None or 0), doubled until
+    the piece has at most _MAX_STATE_CHUNKS chunks."""
+    c = chunk_size if chunk_size is not None and chunk_size > 0 else _params.DEFAULT_CHUNK
+    while -(-t // c) > _MAX_STATE_CHUNKS:
+        c *= 2
+    return c
+
+
 class _GatherRanks(torch.autograd.Function):
     """x [b, ...] of every rank of `group`, stacked as [b, R, ...]. Every rank's loss may depend on
     every slot, so the gradient of this rank's x is the sum over the ranks of their gradients of its
@@ -121,8 +136,9 @@ def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, sc
         output_final_state: also return the sequence's final state (S, z), on every rank; a loss
             should take it from one rank (its gradient reaches every rank through the exchange).
             Every rank must run the backward (each takes part in the exchange's).
-        p, scale, chunk_size, normalize, layout, backend: as for expanse.power_attention;
-            chunk_size None or 0 chunks the local states by 128 tokens.
+        p, scale, chunk_size, normalize, layout, backend: as for expanse.power_attention. The
+            piece's own state is summed by chunks of chunk_size tokens (128 for None or 0), doubled
+            until the piece has at most 256 of them (one D x e state each is kept for the backward).
 
     Returns:
         o for this rank's tokens; with output_final_state, (o, (S, z)) (z None unless normalize).
@@ -134,8 +150,8 @@ def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, sc
         raise InvalidArgumentError("context_parallel_power_attention: torch.distributed is not initialized "
                                    "(call dist.init_process_group first)")
     rank = dist.get_rank(group)
-    c = chunk_size if chunk_size is not None and chunk_size > 0 else _params.DEFAULT_CHUNK
     b, t, h = k.shape[0], k.shape[1], k.shape[2]
+    c = _state_chunk(t, chunk_size)
     # 1. This piece's final state from zero: its chunk states summed over the chunks with their decays;
     # and its total log decay.
     X, Xz = _ops.update_state(k, v, log_g, p=p, chunk_size=c, layout=layout, backend=backend)

@@ -34,7 +34,6 @@ void flash_run(const expanse_op& op, launch_context& lc) {
   launch_flash_chunk_attention(attention_inputs_of(a), g, pb, lc);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool head_dim_ok(int64_t x) { return x == 32 || x == 64 || x == 128; }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "dispatch.hpp"
@@ -39,6 +41,17 @@ void with_b16_head_dims(int32_t dtype, int64_t d, int64_t e, F&& f) {
   if (dtype == EXPANSE_F16) pick_d(__half{});
   else if (dtype == EXPANSE_BF16) pick_d(__nv_bfloat16{});
   else throw std::runtime_error("tensor-core kernels take f16 or bf16 inputs");
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Why a token tensor [b,t,H,x] cannot feed the tensor-core kernels' 16-byte loads ("" if it can).
+inline std::string token_tensor_declines(const char* name, const expanse_tensor& t) {
+  if (t.strides[3] != 1) return std::string(name) + " needs a contiguous last dim";
+  for (int i = 0; i < 3; ++i)
+    if (t.strides[i] % 8 != 0) return std::string(name) + " needs strides that are multiples of 8";
+  if (!aligned16(t.data)) return std::string(name) + " needs 16-byte aligned data";
+  return {};
 }
 
 // Launches a kernel that takes one parameter struct, opting in to more than 48 KB of dynamic

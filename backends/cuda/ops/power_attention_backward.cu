@@ -10,7 +10,7 @@
 //   5. the state cotangents: update_state (list) of q against exp(Gc_i) scale^p dnum_i and a feature
 //      sum for dden (their z part; gpu/kernels/backward_chunked.hpp), then the reverse scan -> dY_{m+1},
 //      dZ_{m+1} per chunk, and the gates' boundary terms
-//   6. dk's state term (kernels/sm80/mma_state_pullback.cuh), dv's as query_state (list) of k against
+//   6. dk's state term (ops/state_pullback.hpp), dv's as query_state (list) of k against
 //      dY_{m+1}, dq's (the pullback of S_m, z_m)
 //   7. the gradients in their dtypes with q . dq and k . dk: dq and dk by the pullbacks where they ran,
 //      the rest by gpu/kernels/backward_outputs.hpp; then dlog_g chunk by chunk
@@ -22,8 +22,8 @@
 #include "gpu/ops/implementations.hpp"
 #include "gpu/ops/power_attention_backward.hpp"
 #include "kernels/sm80/flash_chunk_attention_backward.cuh"
-#include "kernels/sm80/mma_state_pullback.cuh"
 #include "ops/op_common.hpp"
+#include "ops/state_pullback.hpp"
 
 namespace expanse_cuda {
 
@@ -46,16 +46,6 @@ expanse_tensor b16_view(void* data, int32_t dtype, std::initializer_list<int64_t
   return t;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-std::string token_tensor_declines(const char* name, const expanse_tensor* t) {
-  if (t->strides[3] != 1) return std::string(name) + " needs a contiguous last dim";
-  for (int i = 0; i < 3; ++i)
-    if (t->strides[i] % 8 != 0) return std::string(name) + " needs strides that are multiples of 8";
-  if (!aligned16(t->data)) return std::string(name) + " needs 16-byte aligned data";
-  return {};
-}
-
 }  // namespace
 
 std::string mma_power_attention_backward_declines(const expanse_op& op, const device_props& props) {
@@ -72,10 +62,10 @@ std::string mma_power_attention_backward_declines(const expanse_op& op, const de
            "cotangent)";
   if (pb.layout.kind != EXPANSE_LAYOUT_SYMPOW) return "the layout must be the symmetric one";
   if (pb.d != 64 || pb.e != 64) return "d and e must be 64";
-  if (why.empty()) why = token_tensor_declines("q", a.q);
-  if (why.empty()) why = token_tensor_declines("k", a.k);
-  if (why.empty()) why = token_tensor_declines("v", a.v);
-  if (why.empty()) why = token_tensor_declines("dout", a.dout);
+  if (why.empty()) why = token_tensor_declines("q", *a.q);
+  if (why.empty()) why = token_tensor_declines("k", *a.k);
+  if (why.empty()) why = token_tensor_declines("v", *a.v);
+  if (why.empty()) why = token_tensor_declines("dout", *a.dout);
   return why;
 }
 
@@ -168,35 +158,6 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
     check_launch("mma power_attention_backward pairs");
   }
 
-  // out_i = rho_i J_phi(y_i)^T (r_i M x_i + alpha_i z) per token (kernels/sm80/mma_state_pullback.cuh),
-  // finished there: grad = grad_scale (sum + out) and dot = p am + y . out.
-  auto pullback = [&](const expanse_tensor& yt, float y_scale, const expanse_tensor& x, const float* r,
-                      const float* alpha, const expanse_tensor& M, const expanse_tensor& z, const gates& g, bool keys,
-                      int64_t heads, const float* sum, const float* am, const expanse_tensor& grad, float grad_scale,
-                      float* dot) {
-    using namespace pullback_cfg;
-    pullback_params P{};
-    P.y = yt.data, P.y_sb = yt.strides[0], P.y_st = yt.strides[1], P.y_sh = yt.strides[2], P.y_scale = y_scale;
-    P.x = x.data, P.x_sb = x.strides[0], P.x_st = x.strides[1], P.x_sh = x.strides[2];
-    P.r = r, P.alpha = alpha;
-    P.M = static_cast<const float*>(M.data);
-    P.M_sb = M.strides[0], P.M_sn = M.strides[1], P.M_sh = M.strides[2], P.M_sr = M.strides[3];
-    if (z.data) {
-      P.z = static_cast<const float*>(z.data);
-      P.z_sb = z.strides[0], P.z_sn = z.strides[1], P.z_sh = z.strides[2];
-    }
-    P.sum = sum, P.am = am, P.grad = grad, P.dot = dot, P.grad_scale = grad_scale, P.pf = float(pb.p);
-    P.g = g, P.keys = keys ? 1 : 0;
-    P.t = pb.t, P.c = pb.c, P.n = pb.n, P.H = heads, P.h = pb.h;
-    P.token_tiles = int((std::min(pb.c, pb.t) + kRows - 1) / kRows);
-    with_b16_type(pb.input_dtype, [&](auto tag) {
-      using T = decltype(tag);
-      launch_with_smem(mma_state_pullback_kernel<T, 64, 64>, int64_t(P.token_tiles) * pb.n * heads * pb.b, kThreads,
-                       pullback_smem<T, 64, 64>(), lc.stream, P);
-    });
-    check_launch("mma power_attention_backward state pullback");
-  };
-
   // 5. The state cotangents: each chunk's input summed over its queries (update_state of q against the
   // weighted dnum, every query head; a feature sum for dden), then the reverse scan.
   expanse_tensor dv_state{};
@@ -228,8 +189,9 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
     // 6. dk's and dv's state terms.
     dv_state = b16_view(lc.ws.take<unsigned char>(size_t(krows * pb.e) * 2), pb.input_dtype, {pb.b, pb.t, pb.h, pb.e}, dev);
     if (!sizing && krows > 0)
-      pullback(*a.k, 1.f, *a.v, nullptr, nullptr, st.dY, st.dZ, shared.g.keys(), true, pb.h, sum_k, am_k, *a.dk, 1.f,
-               w.kdk);
+      launch_state_pullback({a.k, 1.f, a.v, nullptr, nullptr, &st.dY, &st.dZ, shared.g.keys(), true, pb.h, sum_k, am_k,
+                             a.dk, 1.f, w.kdk},
+                            pb, lc);
     const expanse_query_state_args qs{a.k, &st.dY, nullptr, nullptr, nullptr, nullptr, nullptr, &dv_state,
                                       pb.p, 1.0,   pb.c,   0,       pb.layout};
     expanse_problem qs_pb = plain_problem(pb.h, pb.input_dtype);
@@ -239,8 +201,9 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
   }
   // dq's state term.
   if (!sizing && st.S.data && qrows > 0)
-    pullback(*a.q, scale, *a.dout, w.rden, st.z.data ? w.dden : nullptr, st.S, st.z, shared.g, false, pb.hq, sum_q, am_q,
-             *a.dq, scale, w.qdq);
+    launch_state_pullback({a.q, scale, a.dout, w.rden, st.z.data ? w.dden : nullptr, &st.S, &st.z, shared.g, false,
+                           pb.hq, sum_q, am_q, a.dq, scale, w.qdq},
+                          pb, lc);
   if (sizing) return;
 
   // 7. The gradients, then the gates'.

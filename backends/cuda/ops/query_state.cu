@@ -75,8 +75,6 @@ void f16_run(const expanse_op& op, launch_context& lc) {
   launch_f16_query_state(query_inputs_of(a), g, phi, f16, pb, pb.normalize != 0, lc);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 std::string mma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props) {

@@ -75,7 +75,6 @@ mma_update_state_params update_state_params(const expanse_tensor& k, const expan
 
 }  // namespace
 
-static bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 std::string mma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
                                       const expanse_tensor& S, const expanse_tensor* z, const device_props& props) {

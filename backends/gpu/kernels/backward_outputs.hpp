@@ -25,7 +25,7 @@ __global__ void finish_queries_kernel(expanse_tensor dq, const float* sum, const
 }
 
 // One lane group per (batch, token, kv head): dv = sum_v + exp(A_m - Gc_j) dv_state [b,t,h,e] (f32
-// contiguous; dv_state in the input dtype, null where there is no state term) and, with_dk (where
+// contiguous, null: none; dv_state in the input dtype, null where there is no state term) and, with_dk (where
 // the state pullback did not finish dk), dk = sum_k [b,t,h,d], k . dk = p am.
 template <class T>
 __global__ void finish_keys_kernel(expanse_tensor dk, expanse_tensor dv, const float* sum_k, const float* sum_v,
@@ -42,7 +42,7 @@ __global__ void finish_keys_kernel(expanse_tensor dk, expanse_tensor dv, const f
     }
     const float w = dv_state ? keys.to_chunk_end(batch * pb.h + kv, pb.t, pb.n, quotient(j, pb.c), j) : 0.f;
     for (int64_t y = lane; y < pb.e; y += kLaneGroup) {
-      float grad = sum_v[row * pb.e + y];
+      float grad = sum_v ? sum_v[row * pb.e + y] : 0.f;
       if (dv_state) grad += w * to_f32(dv_state[row * pb.e + y]);
       store_any(dv, off4(dv, batch, j, kv, y), grad);
     }

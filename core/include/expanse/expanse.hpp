@@ -158,18 +158,20 @@ class device_buffer {
 // A backend, a device, a stream and a workspace. Move-only.
 class context {
  public:
-  explicit context(const std::string& backend = "", int32_t device = 0) {
+  explicit context(const std::string& backend = "", int32_t device = 0) : device_(device) {
     check(expanse_context_create(backend.c_str(), device, &ctx_));
     workspace_ = std::make_unique<owned_workspace>();
     workspace_->ctx = ctx_;
     check(expanse_context_set_allocator(ctx_, &owned_workspace::grow, workspace_.get()));
   }
-  context(context&& o) noexcept : ctx_(std::exchange(o.ctx_, nullptr)), workspace_(std::move(o.workspace_)) {}
+  context(context&& o) noexcept
+      : ctx_(std::exchange(o.ctx_, nullptr)), device_(o.device_), workspace_(std::move(o.workspace_)) {}
   context& operator=(context&& o) noexcept {
     if (this != &o) {
       workspace_.reset();
       expanse_context_destroy(ctx_);
       ctx_ = std::exchange(o.ctx_, nullptr);
+      device_ = o.device_;
       workspace_ = std::move(o.workspace_);
     }
     return *this;
@@ -184,6 +186,7 @@ class context {
   expanse_context* get() const noexcept { return ctx_; }
   std::string backend() const { return expanse_context_backend(ctx_); }
   expanse_device_type device_type() const { return expanse_device_type(expanse_context_device_type(ctx_)); }
+  int32_t device() const noexcept { return device_; }  // the device index it was created on
   void set_stream(void* stream) { check(expanse_context_set_stream(ctx_, stream)); }
   // Refuse NaN and infinities in inputs, naming the argument and index (expanse_context_set_check_finite).
   void set_check_finite(bool enabled) { check(expanse_context_set_check_finite(ctx_, enabled ? 1 : 0)); }
@@ -223,6 +226,7 @@ class context {
 
  private:
   expanse_context* ctx_ = nullptr;
+  int32_t device_ = 0;
   // The workspace this wrapper owns: the context's allocator (expanse_context_set_allocator) grows it
   // to the largest an op has asked for. On the heap, so that its address survives a move.
   struct owned_workspace {

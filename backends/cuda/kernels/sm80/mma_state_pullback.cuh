@@ -39,8 +39,8 @@ struct pullback_params {
   // grad = grad_scale (sum + out) in the input dtype and dot = pf am + y . out (y as staged, y_scale
   // times the tensor: q . dq for the queries, k . dk for the keys). Fused here, it saved a pass over
   // out in f32 and the finishing kernels' 0.3 + 0.3 ms at P1 t = 65536.
-  const float* sum;    // [b,t,H,d] f32, contiguous: the pairs' part
-  const float* am;     // [b,t,H] f32: sum of A_ij M_ij by row (queries) or by key
+  const float* sum;    // [b,t,H,d] f32, contiguous: the pairs' part; null: none (update_state_backward)
+  const float* am;     // [b,t,H] f32: sum of A_ij M_ij by row (queries) or by key; null: none
   expanse_tensor grad;  // [b,t,H,d], the input dtype
   float* dot;          // [b,t,H] f32: written
   float grad_scale, pf;
@@ -214,14 +214,14 @@ __global__ void __launch_bounds__(256, 2) mma_state_pullback_kernel(pullback_par
       const float s0 = w * outs[r * kYS + col], s1 = w * outs[r * kYS + col + 1];
       dot = fmaf(ys[r * kYS + col], s0, fmaf(ys[r * kYS + col + 1], s1, dot));
       if (!in) continue;
-      const float2 pairs = *reinterpret_cast<const float2*>(P.sum + token_row * DH + col);
+      const float2 pairs = P.sum ? *reinterpret_cast<const float2*>(P.sum + token_row * DH + col) : float2{0.f, 0.f};
       T* g = static_cast<T*>(P.grad.data) + off4(P.grad, batch, i, head, col);
       g[0] = from_f32<T>(P.grad_scale * (pairs.x + s0));
       g[P.grad.strides[3]] = from_f32<T>(P.grad_scale * (pairs.y + s1));
     }
     dot += __shfl_xor_sync(0xffffffffu, dot, 1);
     dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-    if (in && tq == 0) P.dot[token_row] = fmaf(P.pf, P.am[token_row], dot);
+    if (in && tq == 0) P.dot[token_row] = P.am ? fmaf(P.pf, P.am[token_row], dot) : dot;
   }
 }
 

@@ -1,0 +1,33 @@
+// The state terms' pullback on tensor cores (kernels/sm80/mma_state_pullback.cuh: p = 2 in the
+// symmetric layout, d = e = 64, f16/bf16 tokens): per token
+//   out_i = rho_i J_phi(y_i)^T (r_i M x_i + alpha_i z),   grad_i = grad_scale (sum_i + out_i),
+//   dot_i = p am_i + y_i . out_i
+// with M, z the state (or its cotangent) of token i's chunk. dq's and dk's state terms of
+// power_attention_backward, and update_state_backward's dk.
+#pragma once
+
+#include "ops/op_common.hpp"
+
+namespace expanse_cuda {
+
+struct state_pullback {
+  const expanse_tensor* y;  // [b,t,H,d]: queries or keys
+  float y_scale;            // y is this times the tensor
+  const expanse_tensor* x;  // [b,t,H,e]: dout or v
+  const float* r;           // [b,t,H] contiguous; null: 1
+  const float* alpha;       // [b,t,H] contiguous; null: 1
+  const expanse_tensor* M;  // [b,n,h,D,e] f32, last dim contiguous
+  const expanse_tensor* z;  // [b,n,h,D] f32, last dim contiguous; null data: no z term
+  gates g;                  // rho: exp(Gc_i) (queries) or, from g.keys(), exp(A_m - Gc_j) (keys)
+  bool keys;
+  int64_t heads;            // H: hq (queries) or h (keys)
+  const float* sum;         // [b,t,H,d] f32 contiguous; null: none
+  const float* am;          // [b,t,H] f32; null: none
+  const expanse_tensor* grad;  // [b,t,H,d], the input dtype
+  float grad_scale;
+  float* dot;  // [b,t,H] f32, written
+};
+
+void launch_state_pullback(const state_pullback& s, const expanse_problem& pb, launch_context& lc);
+
+}  // namespace expanse_cuda
