@@ -7,6 +7,7 @@ sequence alone (the strong-scaling baseline, where it fits in one GPU). Times ar
 --reps of CUDA events (perf_counter on the CPU), of the slowest rank. Rank 0 prints one JSON line.
 
     torchrun --nproc-per-node=2 bench/context_parallel/context_parallel.py --t-per-rank 1048576
+    torchrun --nproc-per-node=2 bench/context_parallel/context_parallel.py --t-per-rank 1048576 --exchange ring
     python3 -m torch.distributed.run --nproc-per-node=2 bench/context_parallel/context_parallel.py \\
         --on cpu --backend reference --t-per-rank 200 --kv-heads 2 --head-dim 8 --dtype f32 --reps 2
 
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -68,7 +70,10 @@ def main():
     ap.add_argument("--backend", default=None, help="expanse backend (default: the tensors' device decides)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--exchange", choices=expanse.torch.EXCHANGES, default="allgather", help="how the states pass")
     ap.add_argument("--strong", action="store_true", help="also time the whole sequence on rank 0 alone")
+    ap.add_argument("--profile", action="store_true",
+                    help="print to stderr rank 0's GPU time per kernel of one forward+backward step, CP and alone")
     args = ap.parse_args()
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -91,11 +96,11 @@ def main():
 
     def cp_forward():
         with torch.no_grad():
-            expanse.torch.context_parallel_power_attention(q, k, v, log_g, **opts)
+            expanse.torch.context_parallel_power_attention(q, k, v, log_g, exchange=args.exchange, **opts)
 
     leaves = [x.detach().requires_grad_() for x in (q, k, v, log_g)]
     def cp_step():  # noqa: E306
-        expanse.torch.context_parallel_power_attention(*leaves, **opts).backward(do)
+        expanse.torch.context_parallel_power_attention(*leaves, exchange=args.exchange, **opts).backward(do)
 
     def alone_forward():
         with torch.no_grad():
@@ -107,7 +112,7 @@ def main():
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     result = {"ranks": ranks, "t_per_rank": t, "t_total": t * ranks, "b": b, "h": h, "d": d, "p": args.degree,
-              "dtype": args.dtype, "chunk_size": args.chunk_size, "exchange": "allgather",
+              "dtype": args.dtype, "chunk_size": args.chunk_size, "exchange": args.exchange,
               "device": torch.cuda.get_device_name() if cuda else "cpu", "version": expanse.__version__,
               "date": time.strftime("%Y-%m-%d", time.gmtime())}
     result["cp_fwd_ms"] = slowest(timed(cp_forward, args.reps, args.warmup, cuda), device)
@@ -119,10 +124,19 @@ def main():
     result["alone_fwdbwd_ms"] = slowest(timed(alone_step, args.reps, args.warmup, cuda), device)
     result["weak_efficiency_fwd"] = result["alone_fwd_ms"] / result["cp_fwd_ms"]
     result["weak_efficiency_fwdbwd"] = result["alone_fwdbwd_ms"] / result["cp_fwdbwd_ms"]
-    # What each rank sends per call (forward and backward alike): its final state, normalizer and
-    # total decay, f32; every rank receives ranks times that.
+    # What each rank sends per pass (forward and backward alike): a state, normalizer and total
+    # decay, f32; it receives that from every rank (all-gather) or from one (ring).
     D = expanse.expanded_dim(d, p=args.degree)
     result["bytes_sent_per_rank"] = b * h * (D * d + D + 1) * 4
+    result["bytes_received_per_rank"] = result["bytes_sent_per_rank"] * (ranks if args.exchange == "allgather" else 1)
+    if args.profile and cuda:
+        for name, step in (("context parallel", cp_step), ("alone", alone_step)):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            if rank == 0:
+                print(f"--- {name}: one forward+backward step, GPU time by kernel", file=sys.stderr)
+                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30), file=sys.stderr)
     if args.strong and rank == 0:
         del leaves[:]
         q, k, v, log_g = inputs(t * ranks)

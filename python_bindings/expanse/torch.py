@@ -115,9 +115,76 @@ class _GatherRanks(torch.autograd.Function):
         return grad[:, dist.get_rank(ctx.group)], None
 
 
+class _RingPass(torch.autograd.Function):
+    """The states entering and leaving this rank's piece, passed along the ranks in order: rank r
+    receives Y_r from rank r - 1 (rank 0 starts from `initial`), sends Y_{r+1} = exp(A_r) Y_r + F_r to
+    rank r + 1, and with `want_final` the last rank's Y_R is broadcast. The backward runs the other
+    way: rank r receives the cotangent of Y_{r+1} from rank r + 1 (the last rank: the final state's,
+    summed over the ranks) and sends that of Y_r to rank r - 1. Every tensor is [b, h, w]."""
+
+    @staticmethod
+    def forward(ctx, F_r, A_r, initial, group, want_final):
+        rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+        if rank == 0:
+            Y = initial.clone() if initial is not None else torch.zeros_like(F_r)
+        else:
+            Y = torch.empty_like(F_r)
+            dist.recv(Y, src=_global_rank(group, rank - 1), group=group)
+        decay = torch.exp(A_r)[..., None]
+        Y_next = decay * Y + F_r
+        if rank + 1 < ranks:
+            dist.send(Y_next.contiguous(), dst=_global_rank(group, rank + 1), group=group)
+        final = Y_next if rank + 1 == ranks else torch.zeros_like(F_r)
+        if want_final:
+            dist.broadcast(final, src=_global_rank(group, ranks - 1), group=group)
+        ctx.save_for_backward(Y, decay)
+        ctx.group, ctx.want_final, ctx.has_initial = group, want_final, initial is not None
+        return Y, final
+
+    @staticmethod
+    def backward(ctx, dY, dfinal):
+        Y, decay = ctx.saved_tensors
+        group = ctx.group
+        rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+        if ctx.want_final:  # every rank's share of the final state's cotangent
+            dfinal = dfinal.contiguous()
+            dist.all_reduce(dfinal, group=group)
+        if rank + 1 == ranks:
+            dY_next = dfinal if ctx.want_final else torch.zeros_like(Y)
+        else:
+            dY_next = torch.empty_like(Y)
+            dist.recv(dY_next, src=_global_rank(group, rank + 1), group=group)
+        dA = decay[..., 0] * (Y * dY_next).sum(dim=-1)
+        dY_total = dY + decay * dY_next
+        if rank > 0:
+            dist.send(dY_total.contiguous(), dst=_global_rank(group, rank - 1), group=group)
+        d_initial = dY_total if rank == 0 and ctx.has_initial else None
+        return dY_next, dA, d_initial, None, None
+
+
+def _global_rank(group, rank):
+    """The global rank of `rank` in `group` (send and recv address global ranks)."""
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def _allgather_prefix(F_r, A_r, initial, group, backend):
+    """The states entering and leaving this rank's piece from one all-gather of every rank's F_r,
+    A_r (and rank 0's initial state): Y_0 = initial, Y_{r+1} = exp(A_r) Y_r + F_r, by discumsum over
+    the ranks. Every tensor is [b, h, w]; returns (Y_r, Y_R)."""
+    parts = [F_r, A_r[..., None]] + ([initial] if initial is not None else [])
+    widths = [x.shape[2] for x in parts]
+    gathered = _GatherRanks.apply(torch.cat(parts, dim=2), group).split(widths, dim=3)  # each [b, R, h, w]
+    F, A = gathered[0], gathered[1][..., 0]
+    Y = _ops.discumsum(F, A, gathered[2][:, 0] if initial is not None else None, backend=backend)
+    return Y[:, dist.get_rank(group)], Y[:, Y.shape[1] - 1]
+
+
+EXCHANGES = ("allgather", "ring")
+
+
 def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, scale=None, chunk_size=None,
                                      normalize=True, initial_state=None, output_final_state=False, layout="sympow",
-                                     backend=None):
+                                     backend=None, exchange="allgather"):
     """expanse.power_attention of one sequence split across the ranks of a torch.distributed group.
 
     Rank r passes tokens [t_r, t_{r+1}) of the sequence (ranks in order, any lengths >= 1, the same
@@ -125,8 +192,8 @@ def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, sc
     expanse.power_attention call over the whole sequence; gradients flow as they would there
     (differentiable, eager mode). What the ranks exchange is states, not tokens (docs/spec.md
     "Context parallelism"): each rank's final state from zero and total log decay (D*e + D + 1 values
-    per batch entry and kv head) are all-gathered, the state entering each piece is their decayed
-    prefix sum (expanse.discumsum over the ranks), and each rank runs its piece from it.
+    per batch entry and kv head), from which the state entering each piece is their decayed prefix
+    sum; each rank runs its piece from it.
 
     Args:
         q, k, v, log_g: this rank's piece, shaped as for expanse.power_attention.
@@ -136,6 +203,9 @@ def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, sc
         output_final_state: also return the sequence's final state (S, z), on every rank; a loss
             should take it from one rank (its gradient reaches every rank through the exchange).
             Every rank must run the backward (each takes part in the exchange's).
+        exchange: "allgather" (one collective each way; every rank combines all the states before
+            it) or "ring" (rank r waits for rank r - 1's entering state and passes its own on: R - 1
+            dependent steps each way, each rank receiving one state).
         p, scale, chunk_size, normalize, layout, backend: as for expanse.power_attention. The
             piece's own state is summed by chunks of chunk_size tokens (128 for None or 0), doubled
             until the piece has at most 256 of them (one D x e state each is kept for the backward).
@@ -149,11 +219,14 @@ def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, sc
     if not dist.is_available() or not dist.is_initialized():
         raise InvalidArgumentError("context_parallel_power_attention: torch.distributed is not initialized "
                                    "(call dist.init_process_group first)")
+    if exchange not in EXCHANGES:
+        raise InvalidArgumentError(f"context_parallel_power_attention: argument 'exchange' must be one of "
+                                   f"{', '.join(EXCHANGES)}, got {exchange!r}")
     rank = dist.get_rank(group)
     b, t, h = k.shape[0], k.shape[1], k.shape[2]
     c = _state_chunk(t, chunk_size)
-    # 1. This piece's final state from zero: its chunk states summed over the chunks with their decays;
-    # and its total log decay.
+    # 1. This piece's final state from zero, F_r: its chunk states summed over the chunks with their
+    # decays; and its total log decay A_r. Packed as [b, h, D e (+ D)] for the exchange.
     X, Xz = _ops.update_state(k, v, log_g, p=p, chunk_size=c, layout=layout, backend=backend)
     n, D, e = X.shape[1], X.shape[3], X.shape[4]
     if log_g is None:
@@ -161,34 +234,28 @@ def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, sc
     else:
         padded = F.pad(log_g, (0, 0, 0, n * c - t))  # zeros past the last token: no decay
         chunk_decay, piece_decay = padded.view(b, n, c, h).sum(dim=2), log_g.sum(dim=1).to(X.dtype)
-    parts = [_ops.discumsum(X, chunk_decay, backend=backend)[:, n].reshape(b, h, D * e)]
+    own = [_ops.discumsum(X, chunk_decay, backend=backend)[:, n].reshape(b, h, D * e)]
     if normalize:
-        parts.append(_ops.discumsum(Xz, chunk_decay, backend=backend)[:, n])
-    parts.append(piece_decay[..., None])
-    if initial_state is not None:  # rank 0's counts; the others send zeros
+        own.append(_ops.discumsum(Xz, chunk_decay, backend=backend)[:, n])
+    initial = None
+    if initial_state is not None:  # rank 0's counts; the others pass zeros
         S0, z0 = initial_state
-        parts.append((S0 if rank == 0 else torch.zeros_like(S0)).to(X.dtype).reshape(b, h, D * e))
+        initial = [(S0 if rank == 0 else torch.zeros_like(S0)).to(X.dtype).reshape(b, h, D * e)]
         if normalize:
-            parts.append((z0 if rank == 0 else torch.zeros_like(z0)).to(X.dtype))
-    # 2. One exchange of everything (one collective each way, in the same order on every rank).
-    widths = [x.shape[2] for x in parts]
-    gathered = _GatherRanks.apply(torch.cat(parts, dim=2), group).split(widths, dim=3)  # each [b, R, h, w]
-    F_S = gathered[0].reshape(b, -1, h, D, e)
-    F_z = gathered[1] if normalize else None
-    A = gathered[2 if normalize else 1][..., 0]
-    S0 = z0 = None
-    if initial_state is not None:
-        S0 = gathered[-2 if normalize else -1][:, 0].reshape(b, h, D, e)
-        z0 = gathered[-1][:, 0] if normalize else None
-    # 3. The states entering the pieces: Y_0 the initial state, Y_{r+1} = exp(A_r) Y_r + F_r.
-    Y_S = _ops.discumsum(F_S, A, S0, backend=backend)
-    Y_z = _ops.discumsum(F_z, A, z0, backend=backend) if normalize else None
-    # 4. This piece from its entering state (rank 0's too, zero without an initial state: every rank's
+            initial.append((z0 if rank == 0 else torch.zeros_like(z0)).to(X.dtype))
+        initial = torch.cat(initial, dim=2)
+    # 2. The exchange: the states entering this piece and leaving the last, Y_0 the initial state and
+    # Y_{r+1} = exp(A_r) Y_r + F_r.
+    if exchange == "allgather":
+        entering, final = _allgather_prefix(torch.cat(own, dim=2), piece_decay, initial, group, backend)
+    else:
+        entering, final = _RingPass.apply(torch.cat(own, dim=2), piece_decay, initial, group, output_final_state)
+
+    def unpack(Y):  # [b, h, D e (+ D)] -> (S, z)
+        return Y[..., :D * e].reshape(b, h, D, e), (Y[..., D * e:] if normalize else None)
+
+    # 3. This piece from its entering state (rank 0's too, zero without an initial state: every rank's
     # backward then reaches the exchange once).
-    entering = (Y_S[:, rank], Y_z[:, rank] if normalize else None)
     o = _ops.power_attention(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size, normalize=normalize,
-                             initial_state=entering, layout=layout, backend=backend)
-    if output_final_state:
-        R = Y_S.shape[1] - 1
-        return o, (Y_S[:, R], Y_z[:, R] if normalize else None)
-    return o
+                             initial_state=unpack(entering), layout=layout, backend=backend)
+    return (o, unpack(final)) if output_final_state else o

@@ -68,7 +68,7 @@ def _leaves(q, k, v, log_g, initial):
     return xs, lg, init
 
 
-def _rank(rank, world, init_file, out_dir, case, seed, where):
+def _rank(rank, world, init_file, out_dir, case, seed, where, exchange):
     group_backend, backend, _ = WHERE[where]
     if where == "cuda":
         torch.cuda.set_device(rank)
@@ -85,7 +85,7 @@ def _rank(rank, world, init_file, out_dir, case, seed, where):
                                          initial)
         o, final = expanse.torch.context_parallel_power_attention(
             qr, kr, vr, lg, p=opts["p"], normalize=opts["normalize"], chunk_size=opts["chunk_size"],
-            initial_state=init, output_final_state=True, backend=backend)
+            initial_state=init, output_final_state=True, backend=backend, exchange=exchange)
         # The final state's cotangent enters on the last rank only (it is the same state on every rank).
         last_rank = rank == world - 1
         loss = _loss(o, piece(do), final, dS if last_rank else torch.zeros_like(dS),
@@ -103,11 +103,12 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm()) if b.norm() > 0 else float((a - b).norm())
 
 
-def _check_against_one_call(tmp_path, case, where):
+def _check_against_one_call(tmp_path, case, where, exchange):
     bounds, opts = CASES[case]
     world, seed = len(bounds) - 1, 17 + case
     _, backend, tol = WHERE[where]
-    mp.spawn(_rank, args=(world, str(tmp_path / "init"), str(tmp_path), case, seed, where), nprocs=world, join=True)
+    mp.spawn(_rank, args=(world, str(tmp_path / "init"), str(tmp_path), case, seed, where, exchange), nprocs=world,
+             join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in range(world)]
 
     problem = _problem(opts, seed)
@@ -137,22 +138,34 @@ def _check_against_one_call(tmp_path, case, where):
             assert all(g is None or float(g.abs().max()) == 0 for g in r["dinit"])
 
 
+@pytest.mark.parametrize("exchange", expanse.torch.EXCHANGES)
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_context_parallel_equals_one_call(tmp_path, case):
-    _check_against_one_call(tmp_path, case, "cpu")
+def test_context_parallel_equals_one_call(tmp_path, case, exchange):
+    _check_against_one_call(tmp_path, case, "cpu", exchange)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2
                     or not dist.is_nccl_available(), reason="skipped: needs 2 CUDA devices and NCCL")
+@pytest.mark.parametrize("exchange", expanse.torch.EXCHANGES)
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_context_parallel_on_gpus_equals_one_gpu(tmp_path, case):
+def test_context_parallel_on_gpus_equals_one_gpu(tmp_path, case, exchange):
     ranks = len(CASES[case][0]) - 1
     if torch.cuda.device_count() < ranks:
         pytest.skip(f"skipped: this case takes {ranks} CUDA devices, {torch.cuda.device_count()} visible")
-    _check_against_one_call(tmp_path, case, "cuda")
+    _check_against_one_call(tmp_path, case, "cuda", exchange)
 
 
 def test_needs_an_initialized_process_group():
     q, k, v, log_g, *_ = _problem(CASES[0][1], 1)
     with pytest.raises(expanse.InvalidArgumentError, match="init_process_group"):
         expanse.torch.context_parallel_power_attention(q, k, v, log_g, backend="reference")
+
+
+def test_refuses_an_unknown_exchange(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        q, k, v, log_g, *_ = _problem(CASES[0][1], 1)
+        with pytest.raises(expanse.InvalidArgumentError, match="argument 'exchange' must be one of allgather, ring"):
+            expanse.torch.context_parallel_power_attention(q, k, v, log_g, backend="reference", exchange="tree")
+    finally:
+        dist.destroy_process_group()
