@@ -251,8 +251,8 @@ def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, sc
     else:
         entering, final = _RingPass.apply(torch.cat(own, dim=2), piece_decay, initial, group, output_final_state)
 
-    def unpack(Y):  # [b, h, D e (+ D)] -> (S, z)
-        return Y[..., :D * e].reshape(b, h, D, e), (Y[..., D * e:] if normalize else None)
+    def unpack(Y):  # [b, h, D e (+ D)] -> (S, z), contiguous as power_attention's own states are
+        return Y[..., :D * e].reshape(b, h, D, e).contiguous(), (Y[..., D * e:].contiguous() if normalize else None)
 
     # 3. This piece from its entering state (rank 0's too, zero without an initial state: every rank's
     # backward then reaches the exchange once).
