@@ -515,33 +515,49 @@ enum class chunk_gate_sum : int { reverse_queries, reverse_queries_minus_keys, e
   }
 }
 
-// discumsum_backward, one thread per (batch, head, element): Y recomputed into Yw [b,h,n+1,elems],
-// then G_m = dY_m + exp(A_m) G_{m+1} backwards; dA_m (f32 [b,n,h], zeroed) by atomic adds.
+// discumsum_backward, one lane group per (batch, head) and kLaneGroup consecutive elements, a lane
+// per element: Y recomputed into Yw [b,h,n+1,elems], then G_m = dY_m + exp(A_m) G_{m+1} backwards;
+// dA_m (f32 [b,n,h], zeroed) gets the group's sum of exp(A_m) G_{m+1} Y_m by one atomic add. Every
+// lane of a group takes part (lanes past `elems` add 0): with an add per element, the threads of a
+// head all hit the same dA_m at once (272M adds on 8 addresses at a time for P1's states of 1M tokens).
 template <class T>
 __global__ void discumsum_backward_kernel(expanse_tensor X, expanse_tensor A, expanse_tensor init, expanse_tensor dY,
                                           expanse_tensor dX, float* dA, expanse_tensor dinit, float* Yw, int64_t n,
                                           int64_t elems) {
   const int64_t b = X.shape[0], h = X.shape[2];
-  EXPANSE_GRID_LOOP(i, b * h * elems) {
-    const int64_t elem = i % elems, head = (i / elems) % h, batch = i / (elems * h);
+  const int lane = threadIdx.x % kLaneGroup;
+  const int64_t groups_per_head = (elems + kLaneGroup - 1) / kLaneGroup;
+  for (int64_t group = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLaneGroup; group < b * h * groups_per_head;
+       group += int64_t(gridDim.x) * blockDim.x / kLaneGroup) {
+    const int64_t elem = (group % groups_per_head) * kLaneGroup + lane, head = (group / groups_per_head) % h,
+                  batch = group / (groups_per_head * h);
+    const bool in = elem < elems;
     auto at = [&](const expanse_tensor& t, int64_t m) {  // element `elem` of slot m of a [b,N,h,...] tensor
       return batch * t.strides[0] + m * t.strides[1] + head * t.strides[2] + trailing_offset(X, t, elem);
     };
     float* Y = Yw + ((batch * h + head) * (n + 1)) * elems + elem;  // Y[m * elems]
     // init and dinit as [b,1,h,...] views (with_chunk_axis), f32.
-    float y = init.data ? *ptrf(init, batch * init.strides[0] + head * init.strides[2] + trailing_offset(X, init, elem)) : 0.f;
-    for (int64_t m = 0; m < n; ++m) {
-      Y[m * elems] = y;
-      y = expf(*ptrf(A, off3(A, batch, m, head))) * y + to_f32(static_cast<const T*>(X.data)[at(X, m)]);
-    }
-    float G = *ptrf(dY, at(dY, n));
+    float y = in && init.data ? *ptrf(init, batch * init.strides[0] + head * init.strides[2] + trailing_offset(X, init, elem))
+                              : 0.f;
+    if (in)
+      for (int64_t m = 0; m < n; ++m) {
+        Y[m * elems] = y;
+        y = expf(*ptrf(A, off3(A, batch, m, head))) * y + to_f32(static_cast<const T*>(X.data)[at(X, m)]);
+      }
+    float G = in ? *ptrf(dY, at(dY, n)) : 0.f;
     for (int64_t m = n - 1; m >= 0; --m) {
-      const float decay = expf(*ptrf(A, off3(A, batch, m, head)));
-      store_any(dX, at(dX, m), G);
-      if (decay != 0.f) atomicAdd(&dA[(batch * n + m) * h + head], decay * G * Y[m * elems]);
-      G = *ptrf(dY, at(dY, m)) + decay * G;
+      const float decay = expf(*ptrf(A, off3(A, batch, m, head)));  // the same for every lane of the group
+      float part = 0.f;
+      if (in) {
+        store_any(dX, at(dX, m), G);
+        part = decay * G * Y[m * elems];
+      }
+      for (int mask = kLaneGroup / 2; mask > 0; mask /= 2) part += shfl_xor_group(part, mask);
+      if (lane == 0 && decay != 0.f) atomicAdd(&dA[(batch * n + m) * h + head], part);
+      if (in) G = *ptrf(dY, at(dY, m)) + decay * G;
     }
-    if (dinit.data) *ptrf(dinit, batch * dinit.strides[0] + head * dinit.strides[2] + trailing_offset(X, dinit, elem)) = G;
+    if (in && dinit.data)
+      *ptrf(dinit, batch * dinit.strides[0] + head * dinit.strides[2] + trailing_offset(X, dinit, elem)) = G;
   }
 }
 

@@ -91,7 +91,8 @@ void discumsum_backward_simple_run(const expanse_op& op, launch_context& lc) {
   if (heads * elems > 0)
     with_input_type(pb.input_dtype, [&](auto tag) {
       using T = decltype(tag);
-      discumsum_backward_kernel<T><<<grid_for(heads * elems, 256), 256, 0, lc.stream>>>(
+      const int64_t groups = heads * ((elems + kLaneGroup - 1) / kLaneGroup);
+      discumsum_backward_kernel<T><<<grid_for(groups * kLaneGroup, 256), 256, 0, lc.stream>>>(
           X, *a.A, with_chunk_axis(a.Y_init), *a.dY, *a.dX, dA, with_chunk_axis(a.dY_init), Y, pb.n, elems);
     });
   if (a.dA && sums > 0) copy_to_tensor3_kernel<<<grid_for(sums, 256), 256, 0, lc.stream>>>(dA, *a.dA);
