@@ -95,6 +95,9 @@ def _rank(rank, world, init_file, out_dir, case, seed, where, exchange):
                   "dq": qr.grad, "dk": kr.grad, "dv": vr.grad, "dlog_g": lg.grad if lg is not None else None,
                   "dinit": tuple(x.grad for x in init) if init is not None else None}
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))  # loaded onto the CPU
+        # No rank tears its connections down while another may still use them (gloo aborted a rank
+        # that did, once in a CI run: "terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
