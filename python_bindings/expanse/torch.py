@@ -237,6 +237,7 @@ def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, sc
     own = [_ops.discumsum(X, chunk_decay, backend=backend)[:, n].reshape(b, h, D * e)]
     if normalize:
         own.append(_ops.discumsum(Xz, chunk_decay, backend=backend)[:, n])
+    own = torch.cat(own, dim=2)
     initial = None
     if initial_state is not None:  # rank 0's counts; the others pass zeros
         S0, z0 = initial_state
@@ -247,9 +248,9 @@ def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, sc
     # 2. The exchange: the states entering this piece and leaving the last, Y_0 the initial state and
     # Y_{r+1} = exp(A_r) Y_r + F_r.
     if exchange == "allgather":
-        entering, final = _allgather_prefix(torch.cat(own, dim=2), piece_decay, initial, group, backend)
+        entering, final = _allgather_prefix(own, piece_decay, initial, group, backend)
     else:
-        entering, final = _RingPass.apply(torch.cat(own, dim=2), piece_decay, initial, group, output_final_state)
+        entering, final = _RingPass.apply(own, piece_decay, initial, group, output_final_state)
 
     def unpack(Y):  # [b, h, D e (+ D)] -> (S, z), contiguous as power_attention's own states are
         return Y[..., :D * e].reshape(b, h, D, e).contiguous(), (Y[..., D * e:].contiguous() if normalize else None)

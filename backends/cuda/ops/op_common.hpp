@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -41,6 +42,14 @@ void with_b16_head_dims(int32_t dtype, int64_t d, int64_t e, F&& f) {
   if (dtype == EXPANSE_F16) pick_d(__half{});
   else if (dtype == EXPANSE_BF16) pick_d(__nv_bfloat16{});
   else throw std::runtime_error("tensor-core kernels take f16 or bf16 inputs");
+}
+
+// A contiguous tensor of a b16 dtype (the input's) over workspace memory.
+inline expanse_tensor b16_view(void* data, int32_t dtype, std::initializer_list<int64_t> shape,
+                               const expanse_tensor& like) {
+  expanse_tensor t = f32_view(static_cast<float*>(data), shape, like);
+  t.dtype = dtype;
+  return t;
 }
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

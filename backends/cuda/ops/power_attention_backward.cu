@@ -39,13 +39,6 @@ namespace {
 // The memo slots of the steps after the forward sweep's.
 enum step_slot { kChunkAttention = kForwardSweepSlots + 1, kQueryStates, kKeyValues };
 
-// A contiguous tensor of the input dtype over workspace memory.
-expanse_tensor b16_view(void* data, int32_t dtype, std::initializer_list<int64_t> shape, const expanse_tensor& like) {
-  expanse_tensor t = f32_view(static_cast<float*>(data), shape, like);
-  t.dtype = dtype;
-  return t;
-}
-
 }  // namespace
 
 std::string mma_power_attention_backward_declines(const expanse_op& op, const device_props& props) {

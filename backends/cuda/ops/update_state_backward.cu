@@ -45,9 +45,8 @@ void mma_update_state_backward_run(const expanse_op& op, launch_context& lc) {
   launch_context plain_steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &ungated};
   backward_work w{};
   w.kdk = lc.ws.take<float>(size_t(krows));
-  expanse_tensor dv_state = f32_view(reinterpret_cast<float*>(lc.ws.take<unsigned char>(size_t(krows * pb.e) * 2)),
-                                     {pb.b, pb.t, pb.h, pb.e}, dev);
-  dv_state.dtype = pb.input_dtype;
+  expanse_tensor dv_state =
+      b16_view(lc.ws.take<unsigned char>(size_t(krows * pb.e) * 2), pb.input_dtype, {pb.b, pb.t, pb.h, pb.e}, dev);
 
   // dv's unweighted product phi(k_j)^T dS_m, a step through the query_state list (no scale, no gates).
   const expanse_query_state_args qs{a.k, a.dS, nullptr, nullptr, nullptr, nullptr, nullptr, &dv_state,
