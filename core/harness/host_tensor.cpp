@@ -22,26 +22,34 @@ uint16_t round_to_small_float(double x, int eb, int mb) {
   if (a == 0.0) return static_cast<uint16_t>(sign_bit);
   const int bias = (1 << (eb - 1)) - 1;
   const int emin = 1 - bias;
-  int e2 = 0;
-  std::frexp(a, &e2);  // a = m * 2^e2, m in [0.5, 1)
-  int eu = e2 - 1;     // a in [2^eu, 2^(eu+1))
-  // Exact scaling by a power of two, then round-to-nearest-even to an integer significand.
-  auto rne = [](double q) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &a, sizeof bits);
+  const int biased = static_cast<int>((bits >> 52) & 0x7FF);
+  int eu = biased - 1023;  // a in [2^eu, 2^(eu+1)) for a normal double
+  if (biased == 0) {       // a subnormal double: far below any small format's range
+    int e2 = 0;
+    std::frexp(a, &e2);
+    eu = e2 - 1;
+  }
+  if (eu < emin) {
+    // Subnormal: units of 2^(emin - mb), round to nearest even. r == 2^mb encodes the smallest
+    // normal, which the plain bit pattern gets right (the carry lands in the exponent field).
+    const double q = std::ldexp(a, mb - emin);  // exact: a power-of-two scaling
     double r = std::floor(q);
     const double frac = q - r;
     if (frac > 0.5 || (frac == 0.5 && std::fmod(r, 2.0) != 0.0)) r += 1.0;
-    return r;
-  };
-  if (eu < emin) {
-    // Subnormal: units of 2^(emin - mb). r == 2^mb encodes the smallest normal, which the plain
-    // bit pattern gets right (the carry lands in the exponent field).
-    const double r = rne(std::ldexp(a, mb - emin));
     return static_cast<uint16_t>(sign_bit | static_cast<uint32_t>(r));
   }
-  double r = rne(std::ldexp(a, mb - eu));  // in [2^mb, 2^(mb+1)]
-  if (r >= std::ldexp(1.0, mb + 1)) {
+  // Normal: the 53-bit significand rounded to mb + 1 bits, nearest even, in integers (cheap: the
+  // harness converts every element of a benchmark's inputs, hundreds of millions at 64k tokens).
+  const int shift = 52 - mb;
+  const uint64_t significand = (bits & ((uint64_t(1) << 52) - 1)) | (uint64_t(1) << 52);
+  const uint64_t rest = significand & ((uint64_t(1) << shift) - 1), half = uint64_t(1) << (shift - 1);
+  uint64_t r = significand >> shift;  // in [2^mb, 2^(mb+1))
+  if (rest > half || (rest == half && (r & 1u))) ++r;
+  if (r == (uint64_t(1) << (mb + 1))) {
     ++eu;
-    r = std::ldexp(1.0, mb);
+    r >>= 1;
   }
   if (eu > bias) return static_cast<uint16_t>(sign_bit | (exp_all << mb));  // overflow: infinity
   return static_cast<uint16_t>(sign_bit | (static_cast<uint32_t>(eu + bias) << mb) |

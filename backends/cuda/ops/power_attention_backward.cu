@@ -1,6 +1,7 @@
-// power_attention_backward's list on the CUDA backend, and its tensor-core implementation "mma" (sm_80+;
-// p = 2 in the symmetric layout, d = e = 64, f16/bf16): the chunked form of docs/spec.md "Gradients",
-// composed like the forward. In order:
+// power_attention_backward's list on the CUDA backend, and its tensor-core implementations "wgmma"
+// (sm_90a) and "mma" (sm_80+), which differ only in the state pullback's tile product (p = 2 in the
+// symmetric layout, d = e = 64, f16/bf16): the chunked form of docs/spec.md "Gradients", composed
+// like the forward. In order:
 //   1. the forward sweep (update_state with its operands split into b16 hi + lo, as the state terms
 //      cancel; discumsum through the list) -> S_m, z_m entering each chunk
 //   2. normalized: chunk_attention (list) -> l, rowmax, the intra part of each query's denominator
@@ -28,6 +29,7 @@
 namespace expanse_cuda {
 
 std::string mma_power_attention_backward_declines(const expanse_op& op, const device_props& props);
+template <pullback_product kProduct>
 void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc);
 // ops/update_state.cu: update_state with its operands split into b16 hi + lo, for the forward sweep.
 void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
@@ -62,6 +64,7 @@ std::string mma_power_attention_backward_declines(const expanse_op& op, const de
   return why;
 }
 
+template <pullback_product kProduct>
 void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
@@ -183,7 +186,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
     dv_state = b16_view(lc.ws.take<unsigned char>(size_t(krows * pb.e) * 2), pb.input_dtype, {pb.b, pb.t, pb.h, pb.e}, dev);
     if (!sizing && krows > 0)
       launch_state_pullback({a.k, 1.f, a.v, nullptr, nullptr, &st.dY, &st.dZ, shared.g.keys(), true, pb.h, sum_k, am_k,
-                             a.dk, 1.f, w.kdk},
+                             a.dk, 1.f, w.kdk, kProduct},
                             pb, lc);
     const expanse_query_state_args qs{a.k, &st.dY, nullptr, nullptr, nullptr, nullptr, nullptr, &dv_state,
                                       pb.p, 1.0,   pb.c,   0,       pb.layout};
@@ -195,7 +198,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
   // dq's state term.
   if (!sizing && st.S.data && qrows > 0)
     launch_state_pullback({a.q, scale, a.dout, w.rden, st.z.data ? w.dden : nullptr, &st.S, &st.z, shared.g, false,
-                           pb.hq, sum_q, am_q, a.dq, scale, w.qdq},
+                           pb.hq, sum_q, am_q, a.dq, scale, w.qdq, kProduct},
                           pb, lc);
   if (sizing) return;
 
@@ -219,7 +222,10 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
 
 namespace {
 const registered_list kList(cuda_lists(), EXPANSE_OP_POWER_ATTENTION_BACKWARD,
-                            {{"mma", sm80, mma_power_attention_backward_declines, mma_power_attention_backward_run},
+                            {{"wgmma", sm90a, mma_power_attention_backward_declines,
+                              mma_power_attention_backward_run<pullback_product::wgmma>},
+                             {"mma", sm80, mma_power_attention_backward_declines,
+                              mma_power_attention_backward_run<pullback_product::mma_sync>},
                              expanse_gpu::power_attention_backward_simple});
 }  // namespace
 

@@ -1,6 +1,7 @@
 // The launcher of the state terms' pullback (ops/state_pullback.hpp), the one place its kernel is
 // instantiated.
 #include "kernels/sm80/mma_state_pullback.cuh"
+#include "kernels/sm90/wgmma_state_pullback.cuh"
 #include "ops/state_pullback.hpp"
 
 namespace expanse_cuda {
@@ -24,11 +25,17 @@ void launch_state_pullback(const state_pullback& s, const expanse_problem& pb, l
   P.token_tiles = int((std::min(pb.c, pb.t) + kRows - 1) / kRows);
   const int64_t ctas = int64_t(P.token_tiles) * pb.n * s.heads * pb.b;
   if (ctas == 0) return;
+  const auto launch = [&](auto tiles) {
+    using Tiles = decltype(tiles);
+    launch_with_smem(state_pullback_kernel<typename Tiles::type, 64, 64, Tiles>, ctas, kThreads,
+                     pullback_smem<typename Tiles::type, 64, 64, Tiles>(), lc.stream, P);
+  };
   with_b16_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
-    launch_with_smem(mma_state_pullback_kernel<T, 64, 64>, ctas, kThreads, pullback_smem<T, 64, 64>(), lc.stream, P);
+    if (s.product == pullback_product::wgmma) launch(wgmma_pullback_tiles<T, 64>{});
+    else launch(mma_pullback_tiles<T, 64>{});
   });
-  check_launch("mma state pullback");
+  check_launch("state pullback");
 }
 
 }  // namespace expanse_cuda

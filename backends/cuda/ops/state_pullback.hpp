@@ -10,6 +10,10 @@
 
 namespace expanse_cuda {
 
+// How the kernel multiplies its tokens by a state tile: mma.sync per warp (sm_80+), or wgmma per
+// warpgroup (sm_90a), which reads the tile from shared memory a quarter as often.
+enum class pullback_product { mma_sync, wgmma };
+
 struct state_pullback {
   const expanse_tensor* y;  // [b,t,H,d]: queries or keys
   float y_scale;            // y is this times the tensor
@@ -26,6 +30,7 @@ struct state_pullback {
   const expanse_tensor* grad;  // [b,t,H,d], the input dtype
   float grad_scale;
   float* dot;  // [b,t,H] f32, written
+  pullback_product product;
 };
 
 void launch_state_pullback(const state_pullback& s, const expanse_problem& pb, launch_context& lc);

@@ -1,6 +1,7 @@
-// update_state_backward's list on the CUDA backend, and its tensor-core implementation "mma" (sm_80+;
-// p = 2 in the symmetric layout, d = e = 64, f16/bf16 tokens). For key j of chunk m, with
-// w_j = exp(A_m - Gc_j) its weight in the chunk's state:
+// update_state_backward's list on the CUDA backend, and its tensor-core implementations "wgmma" (sm_90a)
+// and "mma" (sm_80+), which differ in the state pullback's tile product (p = 2 in the symmetric layout,
+// d = e = 64, f16/bf16 tokens). For key j of chunk m, with w_j = exp(A_m - Gc_j) its weight in the
+// chunk's state:
 //   dv_j = w_j phi(k_j)^T dS_m           query_state (list) of k against dS, weighted by finish_keys_kernel
 //   dk_j = w_j J_phi(k_j)^T (dS_m v_j + dz_m)     the state pullback (ops/state_pullback.hpp)
 //   dlog_g_l = sum_{j < l in m} k_j . dk_j / p    (w_j holds log_g_l for l > j; phi is p-homogeneous)
@@ -34,6 +35,7 @@ std::string mma_update_state_backward_declines(const expanse_op& op, const devic
   return why;
 }
 
+template <pullback_product kProduct>
 void mma_update_state_backward_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_update_state_backward_args>(op);
@@ -58,7 +60,7 @@ void mma_update_state_backward_run(const expanse_op& op, launch_context& lc) {
 
   const expanse_tensor dz = tensor_or_empty(a.dz);
   launch_state_pullback({a.k, 1.f, a.v, nullptr, nullptr, a.dS, &dz, g.keys(), true, pb.h, nullptr, nullptr, a.dk, 1.f,
-                         w.kdk},
+                         w.kdk, kProduct},
                         pb, lc);
   with_b16_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -74,7 +76,10 @@ void mma_update_state_backward_run(const expanse_op& op, launch_context& lc) {
 }
 
 const registered_list kList(cuda_lists(), EXPANSE_OP_UPDATE_STATE_BACKWARD,
-                            {{"mma", sm80, mma_update_state_backward_declines, mma_update_state_backward_run},
+                            {{"wgmma", sm90a, mma_update_state_backward_declines,
+                              mma_update_state_backward_run<pullback_product::wgmma>},
+                             {"mma", sm80, mma_update_state_backward_declines,
+                              mma_update_state_backward_run<pullback_product::mma_sync>},
                              expanse_gpu::update_state_backward_simple});
 
 }  // namespace

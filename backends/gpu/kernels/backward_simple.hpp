@@ -100,10 +100,13 @@ __device__ __forceinline__ float scaled_dot(const float* q, int64_t n, X k, doub
   return float(scale * s);
 }
 
-// Adds w * J_phi(x)^T e_row (row `row` of phi's pullback) to acc, in shared memory.
-__device__ __forceinline__ void add_pullback(const phi_entry& row, int p, const float* x, float w, float* acc) {
+// Adds w * J_phi(x)^T e_row (row `row` of phi's pullback) to acc, in shared memory, in A's precision
+// (f64: with the coefficient exact, as phi_value_f64 takes it).
+template <class A>
+__device__ __forceinline__ void add_pullback(const phi_entry& row, int p, const float* x, A w, A* acc) {
+  const A coef = sizeof(A) == sizeof(double) ? A(sqrt(rint(double(row.coef) * double(row.coef)))) : A(row.coef);
   for (int f = 0; f < p; ++f) {
-    float others = w * row.coef;
+    A others = w * coef;
     for (int g2 = 0; g2 < p; ++g2)
       if (g2 != f) others *= x[row.idx[g2]];
     atomicAdd(&acc[row.idx[f]], others);
@@ -283,14 +286,17 @@ constexpr int kBoundaryEntries = 8 * kBackwardThreads;
 template <class T>
 __global__ void query_gradients_kernel(backward_tensors in, backward_states st, backward_work w, gates g,
                                        const phi_entry* table, expanse_problem pb, backward_form form) {
-  __shared__ float qs[kBackwardMaxDim], qu[kBackwardMaxDim], dnum[kBackwardMaxDim], acc[kBackwardMaxDim];
+  __shared__ float qs[kBackwardMaxDim], qu[kBackwardMaxDim], dnum[kBackwardMaxDim];
   __shared__ float douts[kBackwardMaxDim], os[kBackwardMaxDim], scratch[kBackwardGroups + 1];  // form.exact: dout_i, o_i
+  // dq summed in f64: the state's term cancels (S_m dout_i against z_m dout_i . o_i, then D products
+  // of J_phi^T), and in f32 it left dq 9.2e-6 off on a case of the table (tolerance 1e-5).
+  __shared__ double acc[kBackwardMaxDim];
   const int64_t qh = blockIdx.x % pb.hq, i = (blockIdx.x / pb.hq) % pb.t, batch = blockIdx.x / (pb.hq * pb.t);
   const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv, m = i / pb.c, row = blockIdx.x;
   for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) {
     qu[x] = load<T>(in.q, off4(in.q, batch, i, qh, x));
     qs[x] = float(pb.scale) * qu[x];
-    acc[x] = 0.f;
+    acc[x] = 0.0;
   }
   for (int64_t y = threadIdx.x; y < pb.e; y += blockDim.x) {
     dnum[y] = w.dnum[row * pb.e + y];
@@ -304,16 +310,16 @@ __global__ void query_gradients_kernel(backward_tensors in, backward_states st, 
   if (st.S.data) {  // dphi_r = exp(Gc_i) (S_m[r] . dnum + z_m[r] dden)
     const float decay = expf(g.cum(bh, pb.t, i));
     for (int64_t r = threadIdx.x; decay != 0.f && r < pb.D; r += blockDim.x) {
-      float u;
+      double u = 0.0;
       if (form.exact && st.z.data) {
-        const float zr = loadf(st.z, off4(st.z, batch, m, kv, r));
-        u = rden * dot_with(douts, pb.e,
-                            [&](int64_t y) { return loadf(st.S, off5(st.S, batch, m, kv, r, y)) - zr * os[y]; });
+        const double zr = loadf(st.z, off4(st.z, batch, m, kv, r));
+        for (int64_t y = 0; y < pb.e; ++y) u += double(douts[y]) * (loadf(st.S, off5(st.S, batch, m, kv, r, y)) - zr * os[y]);
+        u *= rden;
       } else {
-        u = dot_with(dnum, pb.e, [&](int64_t y) { return loadf(st.S, off5(st.S, batch, m, kv, r, y)); });
-        if (st.z.data) u += loadf(st.z, off4(st.z, batch, m, kv, r)) * dden;
+        for (int64_t y = 0; y < pb.e; ++y) u += double(dnum[y]) * loadf(st.S, off5(st.S, batch, m, kv, r, y));
+        if (st.z.data) u += double(loadf(st.z, off4(st.z, batch, m, kv, r))) * dden;
       }
-      if (u != 0.f) add_pullback(table[r], pb.p, qs, decay * u, acc);
+      if (u != 0.0) add_pullback(table[r], pb.p, qs, double(decay) * u, acc);
     }
   }
   if (form.pairs) {  // B_ij scale k_j
@@ -326,13 +332,13 @@ __global__ void query_gradients_kernel(backward_tensors in, backward_states st, 
                                   : dot_with(dnum, pb.e, vj) + dden;
       const float B = pb.p * ipowf(dot, pb.p - 1) * expf(ri - g.since_reset(bh, pb.t, j)) * mv;
       if (B != 0.f)
-        for (int64_t x = 0; x < pb.d; ++x) atomicAdd(&acc[x], B * kj(x));
+        for (int64_t x = 0; x < pb.d; ++x) atomicAdd(&acc[x], double(B) * kj(x));
     }
   }
   __syncthreads();
   float qdq = 0.f;
   for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) {
-    const float grad = float(pb.scale) * acc[x];
+    const float grad = float(pb.scale * acc[x]);
     store_any(in.dq, off4(in.dq, batch, i, qh, x), grad);
     qdq += qs[x] * grad;
   }

@@ -16,6 +16,10 @@
 //
 // CTA: 8 warps, 128 tokens of one chunk and head (16 per warp), two CTAs per SM (128 registers); the
 // whole state is read once per CTA.
+//
+// The tile product is a policy (Tiles): mma_pullback_tiles here (ldmatrix + mma.sync: each warp reads
+// the whole tile from shared memory, which bounds the kernel at sm_90), wgmma_pullback_tiles in
+// kernels/sm90/wgmma_state_pullback.cuh (each warpgroup reads it once). The rest is shared.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -54,22 +58,38 @@ namespace pullback_cfg {
 constexpr int kThreads = 256, kRows = 128;
 }
 
-template <class T, int DH, int E>
+// The tile product with mma.sync: a tile is [64][E + 8] b16 (rows padded against bank conflicts), u
+// = x M^T by ldmatrix and mma.sync per warp.
+template <class T, int E>
+struct mma_pullback_tiles {
+  using type = T;
+  static constexpr int kElems = 64 * (E + 8);
+  // The element offset of tile row tr, column col.
+  __device__ static int offset(int tr, int col) { return tr * (E + 8) + col; }
+  __device__ static void before_barrier() {}  // after the tile's stores
+  // u = (this warp's 16 rows of x) (hi + lo)^T.
+  __device__ static void product(float (&u)[8][4], const uint32_t (&xa)[E / 16][4], const T* hi, const T* lo, int lane) {
+    rows_times_rows<T, E>(u, xa, hi, E + 8, lane);
+    add_rows_times_rows<T, E>(u, xa, lo, E + 8, lane);
+  }
+};
+
+template <class T, int DH, int E, class Tiles>
 constexpr size_t pullback_smem() {
   using namespace pullback_cfg;
-  return size_t(kRows) * (E + 8) * sizeof(T) + size_t(2 * 64) * (E + 8) * sizeof(T) + size_t(kRows) * (DH + 1) * sizeof(float) +
+  return size_t(kRows) * (E + 8) * sizeof(T) + size_t(2 * Tiles::kElems) * sizeof(T) + size_t(kRows) * (DH + 1) * sizeof(float) +
          (64 + 3 * kRows) * sizeof(float) + size_t(kRows) * (DH + 1) * sizeof(float);
 }
 
-template <class T, int DH, int E>
-__global__ void __launch_bounds__(256, 2) mma_state_pullback_kernel(pullback_params P) {
+template <class T, int DH, int E, class Tiles>
+__global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params P) {
   using namespace pullback_cfg;
   constexpr int kXS = E + 8, kYS = DH + 1, kBlocks = DH / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* xs = reinterpret_cast<T*>(smem_raw);  // [kRows][kXS]
-  T* ms = xs + kRows * kXS;                // [64][kXS]: the tile's state rows, hi
-  T* ml = ms + 64 * kXS;                   // [64][kXS]: lo
-  float* ys = reinterpret_cast<float*>(ml + 64 * kXS);  // [kRows][kYS]
+  T* ms = xs + kRows * kXS;                // the tile's state rows, hi (Tiles::offset)
+  T* ml = ms + Tiles::kElems;              // lo
+  float* ys = reinterpret_cast<float*>(ml + Tiles::kElems);  // [kRows][kYS]
   float* zs = ys + kRows * kYS;                          // [64]: the tile's z entries
   float* al = zs + 64;                                   // [kRows]: alpha
   float* rho = al + kRows;                               // [kRows]
@@ -133,8 +153,8 @@ __global__ void __launch_bounds__(256, 2) mma_state_pullback_kernel(pullback_par
       uint2 hi, lo;
       split2_f32<T>(next[l].x, next[l].y, hi.x, lo.x);
       split2_f32<T>(next[l].z, next[l].w, hi.y, lo.y);
-      *reinterpret_cast<uint2*>(ms + tr * kXS + c4 * 4) = hi;
-      *reinterpret_cast<uint2*>(ml + tr * kXS + c4 * 4) = lo;
+      *reinterpret_cast<uint2*>(ms + Tiles::offset(tr, c4 * 4)) = hi;
+      *reinterpret_cast<uint2*>(ml + Tiles::offset(tr, c4 * 4)) = lo;
     }
     if (tid < 64) {
       const int a = A * 8 + tid / 8, b = B * 8 + tid % 8;
@@ -160,12 +180,12 @@ __global__ void __launch_bounds__(256, 2) mma_state_pullback_kernel(pullback_par
     for (int B = A; B < kBlocks; ++B) {
       __syncthreads();  // the previous tile is no longer read
       store_tile(A, B);
+      Tiles::before_barrier();
       __syncthreads();
       if (B + 1 < kBlocks) load_tile(A, B + 1);
       else if (A + 1 < kBlocks) load_tile(A + 1, A + 1);
       float u[8][4];
-      rows_times_rows<T, E>(u, xa, ms, kXS, lane);
-      add_rows_times_rows<T, E>(u, xa, ml, kXS, lane);
+      Tiles::product(u, xa, ms, ml, lane);
       float yb[2][2], ob[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // y and out at [row][8 B + 2 tq + j]
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)

@@ -115,6 +115,20 @@ __device__ __forceinline__ void wgmma_zero(float (&acc)[MT][N]) {
         "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])  \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1))
 
+#define EXPANSE_WGMMA_RS_N64(TY, TB)                                                          \
+  asm volatile(                                                                          \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                   \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                        \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "  \
+      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "  \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, " TB ";\n}\n"                     \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),  \
+        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+        "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1))
+
 #define EXPANSE_WGMMA_RS_N72(TY, TB)                                                          \
   asm volatile(                                                                          \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"                                   \
@@ -151,12 +165,13 @@ __device__ __forceinline__ void wgmma_zero(float (&acc)[MT][N]) {
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1))
 
 // d (64 x N, f32) += a (64 x 16, registers) * B (16 x N, shared memory) for N = 40, 72, 136 (e + 8:
-// e columns and one 8-wide tile beside them, for e = 32, 64, 128). B is K-major (core matrices of 8
+// e columns and one 8-wide tile beside them, for e = 32, 64, 128) and 64 (a state tile's rows in the
+// backward's pullback). B is K-major (core matrices of 8
 // tokens per 16-byte row, kmajor_desc), or N-major with kNMajorB (rows of N-contiguous values,
 // nmajor_swizzled_desc).
 template <class T, int N, bool kNMajorB = false>
 __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t b_desc) {
-  static_assert(N == 40 || N == 72 || N == 136, "wgmma_rs: N must be 40, 72 or 136");
+  static_assert(N == 40 || N == 64 || N == 72 || N == 136, "wgmma_rs: N must be 40, 64, 72 or 136");
 #if EXPANSE_SM90A_DEVICE
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
 #define EXPANSE_WGMMA_RS_CASE(MACRO)                      \
@@ -166,6 +181,8 @@ __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t b
   else MACRO("f16", "0");
   if constexpr (N == 40) {
     EXPANSE_WGMMA_RS_CASE(EXPANSE_WGMMA_RS_N40)
+  } else if constexpr (N == 64) {
+    EXPANSE_WGMMA_RS_CASE(EXPANSE_WGMMA_RS_N64)
   } else if constexpr (N == 72) {
     EXPANSE_WGMMA_RS_CASE(EXPANSE_WGMMA_RS_N72)
   } else {
