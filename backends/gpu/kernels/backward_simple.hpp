@@ -526,6 +526,8 @@ enum class chunk_gate_sum : int { reverse_queries, reverse_queries_minus_keys, e
 // dA_m (f32 [b,n,h], zeroed) gets the group's sum of exp(A_m) G_{m+1} Y_m by one atomic add. Every
 // lane of a group takes part (lanes past `elems` add 0): with an add per element, the threads of a
 // head all hit the same dA_m at once (272M adds on 8 addresses at a time for P1's states of 1M tokens).
+// As in discumsum_kernel, the element's offsets are found once (their divisions cost more than the
+// step) and each sweep loads kDiscumsumAhead chunks before it uses them.
 template <class T>
 __global__ void discumsum_backward_kernel(expanse_tensor X, expanse_tensor A, expanse_tensor init, expanse_tensor dY,
                                           expanse_tensor dX, float* dA, expanse_tensor dinit, float* Yw, int64_t n,
@@ -538,32 +540,55 @@ __global__ void discumsum_backward_kernel(expanse_tensor X, expanse_tensor A, ex
     const int64_t elem = (group % groups_per_head) * kLaneGroup + lane, head = (group / groups_per_head) % h,
                   batch = group / (groups_per_head * h);
     const bool in = elem < elems;
-    auto at = [&](const expanse_tensor& t, int64_t m) {  // element `elem` of slot m of a [b,N,h,...] tensor
-      return batch * t.strides[0] + m * t.strides[1] + head * t.strides[2] + trailing_offset(X, t, elem);
+    // Element `elem` of slot 0 of a [b,N,h,...] tensor (slot m: + m strides[1]).
+    auto first = [&](const expanse_tensor& t) {
+      return in ? batch * t.strides[0] + head * t.strides[2] + trailing_offset(X, t, elem) : 0;
     };
+    const T* xs = static_cast<const T*>(X.data) + first(X);
+    const float* dys = ptrf(dY, first(dY));
+    const int64_t dx0 = first(dX);
+    const float* as = ptrf(A, off3(A, batch, 0, head));
+    const int64_t xm = X.strides[1], dym = dY.strides[1], dxm = dX.strides[1], am = A.strides[1];
     float* Y = Yw + ((batch * h + head) * (n + 1)) * elems + elem;  // Y[m * elems]
     // init and dinit as [b,1,h,...] views (with_chunk_axis), f32.
-    float y = in && init.data ? *ptrf(init, batch * init.strides[0] + head * init.strides[2] + trailing_offset(X, init, elem))
-                              : 0.f;
-    if (in)
-      for (int64_t m = 0; m < n; ++m) {
-        Y[m * elems] = y;
-        y = expf(*ptrf(A, off3(A, batch, m, head))) * y + to_f32(static_cast<const T*>(X.data)[at(X, m)]);
+    float y = in && init.data ? *ptrf(init, first(init)) : 0.f;
+    for (int64_t m0 = 0; in && m0 < n; m0 += kDiscumsumAhead) {
+      float x[kDiscumsumAhead], decay[kDiscumsumAhead];
+#pragma unroll
+      for (int j = 0; j < kDiscumsumAhead; ++j) {
+        const int64_t m = m0 + j < n ? m0 + j : n - 1;  // past the end: a repeated load, unused
+        x[j] = to_f32(xs[m * xm]);
+        decay[j] = expf(as[m * am]);
       }
-    float G = in ? *ptrf(dY, at(dY, n)) : 0.f;
-    for (int64_t m = n - 1; m >= 0; --m) {
-      const float decay = expf(*ptrf(A, off3(A, batch, m, head)));  // the same for every lane of the group
-      float part = 0.f;
-      if (in) {
-        store_any(dX, at(dX, m), G);
-        part = decay * G * Y[m * elems];
+#pragma unroll
+      for (int j = 0; j < kDiscumsumAhead; ++j) {
+        if (m0 + j >= n) break;
+        Y[(m0 + j) * elems] = y;
+        y = decay[j] * y + x[j];
       }
-      for (int mask = kLaneGroup / 2; mask > 0; mask /= 2) part += shfl_xor_group(part, mask);
-      if (lane == 0 && decay != 0.f) atomicAdd(&dA[(batch * n + m) * h + head], part);
-      if (in) G = *ptrf(dY, at(dY, m)) + decay * G;
     }
-    if (in && dinit.data)
-      *ptrf(dinit, batch * dinit.strides[0] + head * dinit.strides[2] + trailing_offset(X, dinit, elem)) = G;
+    float G = in ? dys[n * dym] : 0.f;
+    for (int64_t m1 = n - 1; m1 >= 0; m1 -= kDiscumsumAhead) {  // chunks m1, m1 - 1, ...
+      float dy[kDiscumsumAhead], ym[kDiscumsumAhead], decay[kDiscumsumAhead];
+#pragma unroll
+      for (int j = 0; j < kDiscumsumAhead; ++j) {
+        const int64_t m = m1 - j >= 0 ? m1 - j : 0;
+        decay[j] = expf(as[m * am]);  // the same for every lane of the group
+        dy[j] = in ? dys[m * dym] : 0.f;
+        ym[j] = in ? Y[m * elems] : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kDiscumsumAhead; ++j) {
+        const int64_t m = m1 - j;
+        if (m < 0) break;
+        if (in) store_any(dX, dx0 + m * dxm, G);
+        float part = decay[j] * G * ym[j];
+        for (int mask = kLaneGroup / 2; mask > 0; mask /= 2) part += shfl_xor_group(part, mask);
+        if (lane == 0 && decay[j] != 0.f) atomicAdd(&dA[(batch * n + m) * h + head], part);
+        G = dy[j] + decay[j] * G;
+      }
+    }
+    if (in && dinit.data) *ptrf(dinit, first(dinit)) = G;
   }
 }
 

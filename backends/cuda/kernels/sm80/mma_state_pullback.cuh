@@ -7,12 +7,13 @@
 // For p = 2, phi_(a,b)(y) = c_ab y_a y_b (a <= b; c_ab = sqrt 2 off the diagonal, 1 on it), so
 //   J^T U = sum_(a<=b) c_ab U_(a,b) (y_b e_a + y_a e_b).
 // The features are taken in tiles of 8 x 8 (a in block A, b in block B >= A; on the diagonal blocks
-// the entries with a > b are zero), whose state rows the CTA gathers and splits into b16 pairs hi + lo
-// (x is exact in b16, y is f32): U for the tile is two 16 x 64 x e products per warp, as accurate as
-// f32 states (the gates' gradient sums y . out over a chunk, where a b16 state's 2^-9 would add up to
-// 5e-3 at P1). The thread that holds U_(a,b) for columns b adds c U y_a to out[b] (its own columns in
-// every block B, in shared memory) and c U y_b to a partial sum for out[a] in registers, summed over
-// the quad once per block A.
+// the entries with a > b are zero), whose state rows the CTA gathers, scales by c_ab and splits into
+// b16 pairs hi + lo (x is exact in b16, y is f32): c U for the tile is two 16 x 64 x e products per
+// warp, as accurate as f32 states (the gates' gradient sums y . out over a chunk, where a b16 state's
+// 2^-9 would add up to 5e-3 at P1). With c in the tile (and in its z entries) and zeros where a > b,
+// each entry of the product costs the epilogue four instructions: the thread that holds c U_(a,b) for
+// columns b adds c U y_a to out[b] (its own columns in every block B, in shared memory) and c U y_b to
+// a partial sum for out[a] in registers, summed over the quad once per block A.
 //
 // CTA: 8 warps, 128 tokens of one chunk and head (16 per warp), two CTAs per SM (128 registers); the
 // whole state is read once per CTA.
@@ -150,15 +151,16 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
       const int vi = tid + l * kThreads, tr = vi / (E / 4), c4 = vi % (E / 4);
+      const float coef = sympow2_coef(A * 8 + tr / 8, B * 8 + tr % 8);
       uint2 hi, lo;
-      split2_f32<T>(next[l].x, next[l].y, hi.x, lo.x);
-      split2_f32<T>(next[l].z, next[l].w, hi.y, lo.y);
+      split2_f32<T>(coef * next[l].x, coef * next[l].y, hi.x, lo.x);
+      split2_f32<T>(coef * next[l].z, coef * next[l].w, hi.y, lo.y);
       *reinterpret_cast<uint2*>(ms + Tiles::offset(tr, c4 * 4)) = hi;
       *reinterpret_cast<uint2*>(ml + Tiles::offset(tr, c4 * 4)) = lo;
     }
     if (tid < 64) {
       const int a = A * 8 + tid / 8, b = B * 8 + tid % 8;
-      zs[tid] = zbase && a <= b ? zbase[sympow2_row(DH, a, b)] : 0.f;
+      zs[tid] = zbase && a <= b ? sympow2_coef(a, b) * zbase[sympow2_row(DH, a, b)] : 0.f;
     }
   };
 
@@ -196,9 +198,8 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
         const int a = A * 8 + k;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int hf = i >> 1, j = i & 1, b = B * 8 + 2 * tq + j;
-          if (A == B && a > b) continue;
-          const float cu = sympow2_coef(a, b) * fmaf(al_row[hf], zs[k * 8 + 2 * tq + j], r_row[hf] * u[k][i]);
+          const int hf = i >> 1, j = i & 1;
+          const float cu = fmaf(al_row[hf], zs[k * 8 + 2 * tq + j], r_row[hf] * u[k][i]);
           part[k][hf] = fmaf(cu, yb[hf][j], part[k][hf]);
           ob[hf][j] = fmaf(cu, ys[row[hf] * kYS + a], ob[hf][j]);
         }
