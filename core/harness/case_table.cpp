@@ -237,14 +237,16 @@ std::vector<op_config> standard_cases() {
     cases.push_back(c);
   }
 
-  // update_state_backward at the tensor-core shape (p = 2, symmetric layout, d = e = 64): gated with
-  // resets and a ragged last chunk, b = 2; ungated f16 in one chunk longer than t.
+  // update_state_backward at the tensor-core shape (p = 2 and 1, symmetric layout, d = e = 64): gated
+  // with resets and a ragged last chunk, b = 2; ungated f16 in one chunk longer than t; p = 1 gated.
   {
     op_config c = base(expanse::ops::update_state_backward);
     c.d = 64; c.e = 64; c.p = 2; c.layout = kSympow; c.dtype = EXPANSE_BF16;
     c.b = 2; c.t = 300; c.c = 96; c.h = 2; c.gated = c.resets = true;
     cases.push_back(c);
     c.b = 1; c.t = 150; c.c = 256; c.hq = c.h = 3; c.dtype = EXPANSE_F16; c.gated = c.resets = false;
+    cases.push_back(c);
+    c.p = 1; c.t = 200; c.c = 64; c.hq = c.h = 2; c.dtype = EXPANSE_BF16; c.gated = true;
     cases.push_back(c);
   }
 
@@ -285,9 +287,10 @@ std::vector<op_config> standard_cases() {
         cases.push_back(c);
       }
   }
-  // The shapes of the tensor-core backward (symmetric layout, d = e = 64, f16 and bf16; p = 2 where
-  // there are states): chunked with states in and out (ungated; gated with resets and grouped heads),
-  // gated and ragged without states, and the one-chunk form (f16, resets, grouped heads; p = 1 too).
+  // The shapes of the tensor-core backward (symmetric layout, d = e = 64, f16 and bf16; p = 2, or 1
+  // unnormalized, where there are states): chunked with states in and out (ungated; gated with resets
+  // and grouped heads), gated and ragged without states, and the one-chunk form (f16, resets, grouped
+  // heads; p = 1 too).
   // The gated chunked cases need forward states accurate to about f32 (docs/performance.md): with the
   // forward's b16 update_state they reached dlog_g 1.9e-2 and dq 1e-2.
   {
@@ -309,6 +312,10 @@ std::vector<op_config> standard_cases() {
     // One chunk and no states: the pairs alone, on tensor cores for any p (p = 1 here; p = 3 and 4
     // at d = 64 cost the oracles minutes: docs/performance.md records their checks on the GPU).
     c.t = 120; c.hq = 4; c.h = 2; c.resets = true; c.p = 1; c.normalize = false;
+    cases.push_back(c);
+    // p = 1 (gated linear attention) chunked with states in and out, unnormalized (normalized p = 1
+    // with states stays on SIMT: its denominators change sign).
+    c.b = 2; c.t = 300; c.c = 96; c.initial_state = c.final_state = true;
     cases.push_back(c);
   }
   return cases;

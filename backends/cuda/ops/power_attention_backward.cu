@@ -1,7 +1,7 @@
 // power_attention_backward's list on the CUDA backend, and its tensor-core implementations "wgmma"
-// (sm_90a) and "mma" (sm_80+), which differ only in the state pullback's tile product (p = 2 in the
-// symmetric layout, d = e = 64, f16/bf16): the chunked form of docs/spec.md "Gradients", composed
-// like the forward. In order:
+// (sm_90a) and "mma" (sm_80+), which differ only in the state pullback's tile product (p = 1 or 2 in
+// the symmetric layout, any p without states; d = e = 64, f16/bf16): the chunked form of docs/spec.md
+// "Gradients", composed like the forward. In order:
 //   1. the forward sweep (update_state with its operands split into b16 hi + lo, as the state terms
 //      cancel; discumsum through the list) -> S_m, z_m entering each chunk
 //   2. normalized: chunk_attention (list) -> l, rowmax, the intra part of each query's denominator
@@ -50,11 +50,14 @@ std::string mma_power_attention_backward_declines(const expanse_op& op, const de
   if (!why.empty()) return why;
   if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
   // Without states (one chunk, no initial state, no final state's cotangent) only the pairs remain,
-  // whose kernels take any p; the state terms' kernels are p = 2's quadratic forms.
+  // whose kernels take any p; the state terms' kernels take p = 2 (quadratic forms) and p = 1.
   const backward_plan plan = plan_backward(op);
-  if (pb.p != 2 && (plan.forward_states || plan.cotangent_states || plan.final_term))
-    return "p must be 2 where the backward has states (more than one chunk, an initial state or a final state's "
-           "cotangent)";
+  if (pb.p > 2 && (plan.forward_states || plan.cotangent_states || plan.final_term))
+    return "p must be 1 or 2 where the backward has states (more than one chunk, an initial state or a final "
+           "state's cotangent)";
+  // The queries' denominators against z_m are p = 2's quadratic form; normalized p = 1 (whose
+  // denominators change sign, so that no checked case of the table has them) stays on SIMT.
+  if (pb.p == 1 && pb.normalize && plan.forward_states) return "p = 1 must be unnormalized where there are states";
   if (pb.layout.kind != EXPANSE_LAYOUT_SYMPOW) return "the layout must be the symmetric one";
   if (pb.d != 64 || pb.e != 64) return "d and e must be 64";
   if (why.empty()) why = token_tensor_declines("q", *a.q);

@@ -27,8 +27,9 @@ void launch_state_pullback(const state_pullback& s, const expanse_problem& pb, l
   if (ctas == 0) return;
   const auto launch = [&](auto tiles) {
     using Tiles = decltype(tiles);
-    launch_with_smem(state_pullback_kernel<typename Tiles::type, 64, 64, Tiles>, ctas, kThreads,
-                     pullback_smem<typename Tiles::type, 64, 64, Tiles>(), lc.stream, P);
+    using T = typename Tiles::type;
+    if (pb.p == 1) launch_with_smem(state_pullback_kernel<T, 64, 64, 1, Tiles>, ctas, kThreads, pullback_smem<T, 64, 64, Tiles>(), lc.stream, P);
+    else launch_with_smem(state_pullback_kernel<T, 64, 64, 2, Tiles>, ctas, kThreads, pullback_smem<T, 64, 64, Tiles>(), lc.stream, P);
   };
   with_b16_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -1,4 +1,4 @@
-// The state terms' pullback on tensor cores (kernels/sm80/mma_state_pullback.cuh: p = 2 in the
+// The state terms' pullback on tensor cores (kernels/sm80/mma_state_pullback.cuh: p = 1 or 2 in the
 // symmetric layout, d = e = 64, f16/bf16 tokens): per token
 //   out_i = rho_i J_phi(y_i)^T (r_i M x_i + alpha_i z),   grad_i = grad_scale (sum_i + out_i),
 //   dot_i = p am_i + y_i . out_i

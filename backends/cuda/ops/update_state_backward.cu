@@ -1,6 +1,6 @@
 // update_state_backward's list on the CUDA backend, and its tensor-core implementations "wgmma" (sm_90a)
-// and "mma" (sm_80+), which differ in the state pullback's tile product (p = 2 in the symmetric layout,
-// d = e = 64, f16/bf16 tokens). For key j of chunk m, with w_j = exp(A_m - Gc_j) its weight in the
+// and "mma" (sm_80+), which differ in the state pullback's tile product (p = 1 or 2 in the symmetric
+// layout, d = e = 64, f16/bf16 tokens). For key j of chunk m, with w_j = exp(A_m - Gc_j) its weight in the
 // chunk's state:
 //   dv_j = w_j phi(k_j)^T dS_m           query_state (list) of k against dS, weighted by finish_keys_kernel
 //   dk_j = w_j J_phi(k_j)^T (dS_m v_j + dz_m)     the state pullback (ops/state_pullback.hpp)
@@ -26,7 +26,7 @@ std::string mma_update_state_backward_declines(const expanse_op& op, const devic
   std::string why = expanse_gpu::update_state_backward_simple_declines(op, props);
   if (!why.empty()) return why;
   if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
-  if (pb.p != 2) return "p must be 2";
+  if (pb.p > 2) return "p must be 1 or 2";
   if (pb.layout.kind != EXPANSE_LAYOUT_SYMPOW) return "the layout must be the symmetric one";
   if (pb.d != 64 || pb.e != 64) return "d and e must be 64";
   if (a.dS->strides[4] != 1 || (a.dz && a.dz->strides[3] != 1)) return "dS and dz need a contiguous last dim";

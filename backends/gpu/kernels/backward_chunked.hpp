@@ -14,7 +14,8 @@ namespace expanse_gpu {
 // (c_ab = sqrt 2 for a < b, 1 on the diagonal; row a d - a (a - 1) / 2 + b - a), so
 //   sum_i w_i phi(x_i) = the upper triangle of X^T diag(w) X, scaled by c_ab, and
 //   phi(x)^T z = x^T Z x with Z_ab = Z_ba = c_ab z_(a,b) / 2 off the diagonal.
-// Both kernels take d = 64 (kQuadDim) and go through the 64 x 64 matrix, not the D table rows.
+// Both kernels take d = 64 (kQuadDim) and go through the 64 x 64 matrix, not the D table rows. For p = 1
+// phi is the identity (D = d): weighted_features_kernel's sum is q^T w.
 constexpr int kQuadDim = 64, kQuadThreads = 256, kQuadTokens = 32, kCotangentTokens = 128;
 
 // out [b,n,hq,D] (f32, contiguous) = sum_{i in m} exp(Gc_i) scale^p dden_i phi(q_i): one block per (chunk,
@@ -40,6 +41,11 @@ __global__ void __launch_bounds__(kQuadThreads) weighted_features_kernel(expanse
       ws[threadIdx.x] = s < len ? expf(g.cum(bh, pb.t, i)) * dden[(batch * pb.t + i) * pb.hq + qh] : 0.f;
     }
     __syncthreads();
+    if (pb.p == 1) {  // the weighted sum of the q rows, a column per thread
+      if (threadIdx.x < kQuadDim)
+        for (int s = 0; s < kQuadTokens; ++s) acc[0][0] = fmaf(ws[s], qs[s][threadIdx.x], acc[0][0]);
+      continue;
+    }
     if (a0 > b0 + 3) continue;  // below the diagonal: not stored
     for (int s = 0; s < kQuadTokens; ++s) {
       float qa[4], qb[4];
@@ -49,6 +55,10 @@ __global__ void __launch_bounds__(kQuadThreads) weighted_features_kernel(expanse
     }
   }
   float* o = out + ((batch * pb.n + m) * pb.hq + qh) * pb.D;
+  if (pb.p == 1) {
+    if (threadIdx.x < kQuadDim) o[threadIdx.x] = scale_p * acc[0][0];
+    return;
+  }
   for (int x = 0; x < 4; ++x)
     for (int y = 0; y < 4; ++y) {
       const int a = a0 + x, b = b0 + y;
@@ -71,10 +81,10 @@ __device__ __forceinline__ void load8(const T* src, float (&out)[8]) {
 //           without forward states; l, rowmax: chunk_attention's), else 1
 //   rden_i = 1 / den_i, dden_i = -rden_i dout_i . o_i   (0 where den_i = 0; unnormalized dden_i = 0)
 //   weighted_i = exp(Gc_i) scale^p rden_i dout_i in T, contiguous [b,t,hq,e] (null: not wanted)
-// phi(scale q)^T z_m is scale^p q^T Z q (weighted_features_kernel's quadratic form), Z in shared memory,
-// read by every thread at once (a broadcast) against its q in registers. One kernel where there were
-// three (the state's denominators, a block per token for the cotangents, the weighted values): 2.2 ms
-// at P1 t = 65536 on an H100.
+// phi(scale q)^T z_m is scale^p q^T Z q (weighted_features_kernel's quadratic form; p = 2 only, the one
+// p normalized with states that this kernel takes), Z in shared memory, read by every thread at once (a
+// broadcast) against its q in registers. One kernel where there were three (the state's denominators,
+// a block per token for the cotangents, the weighted values): 2.2 ms at P1 t = 65536 on an H100.
 template <class T>
 __global__ void __launch_bounds__(kCotangentTokens)
     query_cotangents_kernel(expanse_tensor q, expanse_tensor dout, expanse_tensor o, expanse_tensor l, expanse_tensor rowmax,

@@ -1,5 +1,5 @@
 // The state terms of dq and dk in power_attention_backward (docs/spec.md "Gradients", chunked form),
-// on tensor cores (mma.sync, sm_80+), for p = 2 in the symmetric layout:
+// on tensor cores (mma.sync, sm_80+), for p = 2 in the symmetric layout (and p = 1, below):
 //   out_i = rho_i J_phi(y_i)^T U_i,   U_i = r_i M x_i + alpha_i z      (M [D, e] and z [D] of token i's chunk)
 // dq: y = scale q, x = dout, r = 1 / den, alpha = dden, M, z the forward state entering the chunk,
 //     rho = exp(Gc_i);
@@ -14,6 +14,8 @@
 // each entry of the product costs the epilogue four instructions: the thread that holds c U_(a,b) for
 // columns b adds c U y_a to out[b] (its own columns in every block B, in shared memory) and c U y_b to
 // a partial sum for out[a] in registers, summed over the quad once per block A.
+//
+// For p = 1, phi is the identity (D = d): out_i = rho_i U_i, one tile of all 64 rows, no J_phi.
 //
 // CTA: 8 warps, 128 tokens of one chunk and head (16 per warp), two CTAs per SM (128 registers); the
 // whole state is read once per CTA.
@@ -82,8 +84,9 @@ constexpr size_t pullback_smem() {
          (64 + 3 * kRows) * sizeof(float) + size_t(kRows) * (DH + 1) * sizeof(float);
 }
 
-template <class T, int DH, int E, class Tiles>
+template <class T, int DH, int E, int kP, class Tiles>
 __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params P) {
+  static_assert(kP == 1 || kP == 2, "state_pullback_kernel: p must be 1 or 2");
   using namespace pullback_cfg;
   constexpr int kXS = E + 8, kYS = DH + 1, kBlocks = DH / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -135,23 +138,29 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
 
   const float* Mbase = P.M + batch * P.M_sb + m * P.M_sn + kv * P.M_sh;
   const float* zbase = P.z ? P.z + batch * P.z_sb + m * P.z_sn + kv * P.z_sh : nullptr;
+  // The state row of tile (A, B)'s row tr and its coefficient; -1 where a > b. For p = 1 (phi the
+  // identity, D = DH) the one tile holds every row.
+  auto state_row = [](int A, int B, int tr) {
+    if constexpr (kP == 1) return tr;
+    const int a = A * 8 + tr / 8, b = B * 8 + tr % 8;
+    return a <= b ? int(sympow2_row(DH, a, b)) : -1;
+  };
+  auto coef_of = [](int A, int B, int tr) { return kP == 1 ? 1.f : sympow2_coef(A * 8 + tr / 8, B * 8 + tr % 8); };
   // Each thread gathers 4 of the tile's 64 x E state entries per pass: tile row = vi / (E / 4).
   constexpr int kLoads = 64 * E / 4 / kThreads;
   float4 next[kLoads];
   auto load_tile = [&](int A, int B) {
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
-      const int vi = tid + l * kThreads, tr = vi / (E / 4), c4 = vi % (E / 4);
-      const int a = A * 8 + tr / 8, b = B * 8 + tr % 8;
-      next[l] = a <= b ? *reinterpret_cast<const float4*>(Mbase + sympow2_row(DH, a, b) * P.M_sr + c4 * 4)
-                       : make_float4(0.f, 0.f, 0.f, 0.f);
+      const int vi = tid + l * kThreads, tr = vi / (E / 4), c4 = vi % (E / 4), srow = state_row(A, B, tr);
+      next[l] = srow >= 0 ? *reinterpret_cast<const float4*>(Mbase + srow * P.M_sr + c4 * 4) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
   auto store_tile = [&](int A, int B) {
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
       const int vi = tid + l * kThreads, tr = vi / (E / 4), c4 = vi % (E / 4);
-      const float coef = sympow2_coef(A * 8 + tr / 8, B * 8 + tr % 8);
+      const float coef = coef_of(A, B, tr);
       uint2 hi, lo;
       split2_f32<T>(coef * next[l].x, coef * next[l].y, hi.x, lo.x);
       split2_f32<T>(coef * next[l].z, coef * next[l].w, hi.y, lo.y);
@@ -159,8 +168,8 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
       *reinterpret_cast<uint2*>(ml + Tiles::offset(tr, c4 * 4)) = lo;
     }
     if (tid < 64) {
-      const int a = A * 8 + tid / 8, b = B * 8 + tid % 8;
-      zs[tid] = zbase && a <= b ? sympow2_coef(a, b) * zbase[sympow2_row(DH, a, b)] : 0.f;
+      const int srow = state_row(A, B, tid);
+      zs[tid] = zbase && srow >= 0 ? coef_of(A, B, tid) * zbase[srow] : 0.f;
     }
   };
 
@@ -173,55 +182,70 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
     for (int col = 2 * tq; col < DH; col += 8) outs[row[hf] * kYS + col] = outs[row[hf] * kYS + col + 1] = 0.f;
 
   load_tile(0, 0);
+  if constexpr (kP == 1) {  // out = r M x + alpha z itself: one tile, no J_phi
+    store_tile(0, 0);
+    Tiles::before_barrier();
+    __syncthreads();
+    float u[8][4];
+    Tiles::product(u, xa, ms, ml, lane);
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int hf = i >> 1, tr = k * 8 + 2 * tq + (i & 1);  // the thread's own columns of out
+        outs[row[hf] * kYS + tr] += fmaf(al_row[hf], zs[tr], r_row[hf] * u[k][i]);
+      }
+  } else {
 #pragma unroll 1
-  for (int A = 0; A < kBlocks; ++A) {
-    float part[8][2];  // partial out[row][8 A + k], this thread's columns only
+    for (int A = 0; A < kBlocks; ++A) {
+      float part[8][2];  // partial out[row][8 A + k], this thread's columns only
 #pragma unroll
-    for (int k = 0; k < 8; ++k) part[k][0] = part[k][1] = 0.f;
+      for (int k = 0; k < 8; ++k) part[k][0] = part[k][1] = 0.f;
 #pragma unroll 1
-    for (int B = A; B < kBlocks; ++B) {
-      __syncthreads();  // the previous tile is no longer read
-      store_tile(A, B);
-      Tiles::before_barrier();
-      __syncthreads();
-      if (B + 1 < kBlocks) load_tile(A, B + 1);
-      else if (A + 1 < kBlocks) load_tile(A + 1, A + 1);
-      float u[8][4];
-      Tiles::product(u, xa, ms, ml, lane);
-      float yb[2][2], ob[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // y and out at [row][8 B + 2 tq + j]
+      for (int B = A; B < kBlocks; ++B) {
+        __syncthreads();  // the previous tile is no longer read
+        store_tile(A, B);
+        Tiles::before_barrier();
+        __syncthreads();
+        if (B + 1 < kBlocks) load_tile(A, B + 1);
+        else if (A + 1 < kBlocks) load_tile(A + 1, A + 1);
+        float u[8][4];
+        Tiles::product(u, xa, ms, ml, lane);
+        float yb[2][2], ob[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // y and out at [row][8 B + 2 tq + j]
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf)
+        for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) yb[hf][j] = ys[row[hf] * kYS + B * 8 + 2 * tq + j];
+          for (int j = 0; j < 2; ++j) yb[hf][j] = ys[row[hf] * kYS + B * 8 + 2 * tq + j];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const int a = A * 8 + k;
+        for (int k = 0; k < 8; ++k) {
+          const int a = A * 8 + k;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int hf = i >> 1, j = i & 1;
-          const float cu = fmaf(al_row[hf], zs[k * 8 + 2 * tq + j], r_row[hf] * u[k][i]);
-          part[k][hf] = fmaf(cu, yb[hf][j], part[k][hf]);
-          ob[hf][j] = fmaf(cu, ys[row[hf] * kYS + a], ob[hf][j]);
+          for (int i = 0; i < 4; ++i) {
+            const int hf = i >> 1, j = i & 1;
+            const float cu = fmaf(al_row[hf], zs[k * 8 + 2 * tq + j], r_row[hf] * u[k][i]);
+            part[k][hf] = fmaf(cu, yb[hf][j], part[k][hf]);
+            ob[hf][j] = fmaf(cu, ys[row[hf] * kYS + a], ob[hf][j]);
+          }
         }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) outs[row[hf] * kYS + B * 8 + 2 * tq + j] += ob[hf][j];
       }
+      // out[row][8 A + k] from the quad's partial sums; the thread whose columns hold k adds it.
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf)
+      for (int k = 0; k < 8; ++k)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) outs[row[hf] * kYS + B * 8 + 2 * tq + j] += ob[hf][j];
+        for (int hf = 0; hf < 2; ++hf) {
+          part[k][hf] += __shfl_xor_sync(0xffffffffu, part[k][hf], 1);
+          part[k][hf] += __shfl_xor_sync(0xffffffffu, part[k][hf], 2);
+        }
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (k / 2 == tq)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) outs[row[hf] * kYS + A * 8 + k] += part[k][hf];
     }
-    // out[row][8 A + k] from the quad's partial sums; the thread whose columns hold k adds it.
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        part[k][hf] += __shfl_xor_sync(0xffffffffu, part[k][hf], 1);
-        part[k][hf] += __shfl_xor_sync(0xffffffffu, part[k][hf], 2);
-      }
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-      if (k / 2 == tq)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) outs[row[hf] * kYS + A * 8 + k] += part[k][hf];
   }
 
 #pragma unroll
