@@ -287,8 +287,8 @@ std::vector<op_config> standard_cases() {
         cases.push_back(c);
       }
   }
-  // The shapes of the tensor-core backward (symmetric layout, d = e = 64, f16 and bf16; p = 2, or 1
-  // unnormalized, where there are states): chunked with states in and out (ungated; gated with resets
+  // The shapes of the tensor-core backward (symmetric layout, d = e = 64, f16 and bf16; p = 2 or 1
+  // where there are states): chunked with states in and out (ungated; gated with resets
   // and grouped heads), gated and ragged without states, and the one-chunk form (f16, resets, grouped
   // heads; p = 1 too).
   // The gated chunked cases need forward states accurate to about f32 (docs/performance.md): with the
@@ -313,8 +313,7 @@ std::vector<op_config> standard_cases() {
     // at d = 64 cost the oracles minutes: docs/performance.md records their checks on the GPU).
     c.t = 120; c.hq = 4; c.h = 2; c.resets = true; c.p = 1; c.normalize = false;
     cases.push_back(c);
-    // p = 1 (gated linear attention) chunked with states in and out, unnormalized (normalized p = 1
-    // with states stays on SIMT: its denominators change sign).
+    // p = 1 (gated linear attention, never normalized) chunked with states in and out.
     c.b = 2; c.t = 300; c.c = 96; c.initial_state = c.final_state = true;
     cases.push_back(c);
   }

@@ -50,14 +50,12 @@ std::string mma_power_attention_backward_declines(const expanse_op& op, const de
   if (!why.empty()) return why;
   if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
   // Without states (one chunk, no initial state, no final state's cotangent) only the pairs remain,
-  // whose kernels take any p; the state terms' kernels take p = 2 (quadratic forms) and p = 1.
+  // whose kernels take any p; the state terms' kernels take p = 2 (quadratic forms) and p = 1 (never
+  // normalized: normalization needs an even p).
   const backward_plan plan = plan_backward(op);
   if (pb.p > 2 && (plan.forward_states || plan.cotangent_states || plan.final_term))
     return "p must be 1 or 2 where the backward has states (more than one chunk, an initial state or a final "
            "state's cotangent)";
-  // The queries' denominators against z_m are p = 2's quadratic form; normalized p = 1 (whose
-  // denominators change sign, so that no checked case of the table has them) stays on SIMT.
-  if (pb.p == 1 && pb.normalize && plan.forward_states) return "p = 1 must be unnormalized where there are states";
   if (pb.layout.kind != EXPANSE_LAYOUT_SYMPOW) return "the layout must be the symmetric one";
   if (pb.d != 64 || pb.e != 64) return "d and e must be 64";
   if (why.empty()) why = token_tensor_declines("q", *a.q);

@@ -81,9 +81,9 @@ __device__ __forceinline__ void load8(const T* src, float (&out)[8]) {
 //           without forward states; l, rowmax: chunk_attention's), else 1
 //   rden_i = 1 / den_i, dden_i = -rden_i dout_i . o_i   (0 where den_i = 0; unnormalized dden_i = 0)
 //   weighted_i = exp(Gc_i) scale^p rden_i dout_i in T, contiguous [b,t,hq,e] (null: not wanted)
-// phi(scale q)^T z_m is scale^p q^T Z q (weighted_features_kernel's quadratic form; p = 2 only, the one
-// p normalized with states that this kernel takes), Z in shared memory, read by every thread at once (a
-// broadcast) against its q in registers. One kernel where there were three (the state's denominators,
+// phi(scale q)^T z_m is scale^p q^T Z q (weighted_features_kernel's quadratic form: normalized means an
+// even p, and the tensor-core backward takes p = 2 there), Z in shared memory, read by every thread at
+// once (a broadcast) against its q in registers. One kernel where there were three (the state's denominators,
 // a block per token for the cotangents, the weighted values): 2.2 ms at P1 t = 65536 on an H100.
 template <class T>
 __global__ void __launch_bounds__(kCotangentTokens)
