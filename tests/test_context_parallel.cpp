@@ -5,6 +5,7 @@
 // pieces (one of a single token), grouped heads, gates with resets, initial and final states, b > 1.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -169,4 +170,89 @@ TEST_CASE("the C API's context parallelism refuses a bad rank or a missing all-g
                                                           : "argument 'final_S' must be contiguous") != std::string::npos);
   }
   CHECK(proc == nullptr);
+}
+
+namespace {
+
+// What the exchange callback of the test below sees and does: it keeps dinitial as the call left it
+// (the cotangent without dfinal) and only then writes dfinal, which held NaN until then.
+struct exchange_probe {
+  expanse_context* ctx;
+  const expanse_tensor *dinitial_S, *dfinal_S, *dfinal_z;
+  const void *true_S, *true_z;  // the cotangents to write, on the device
+  size_t bytes_S, bytes_z;
+  h::host_tensor seen;  // dinitial_S at the callback
+  int calls = 0;
+};
+
+int32_t probe_exchange(void*, void* user) {
+  exchange_probe& p = *static_cast<exchange_probe*>(user);
+  ++p.calls;
+  if (expanse_memcpy(p.ctx, p.seen.bytes.data(), p.dinitial_S->data, p.seen.bytes.size(), EXPANSE_COPY_DEVICE_TO_HOST) ||
+      expanse_memcpy(p.ctx, p.dfinal_S->data, p.true_S, p.bytes_S, EXPANSE_COPY_DEVICE_TO_DEVICE) ||
+      (p.dfinal_z && expanse_memcpy(p.ctx, p.dfinal_z->data, p.true_z, p.bytes_z, EXPANSE_COPY_DEVICE_TO_DEVICE)))
+    return 1;
+  return expanse_synchronize(p.ctx) == EXPANSE_OK ? 0 : 1;
+}
+
+}  // namespace
+
+TEST_CASE("power_attention_backward_exchange: dinitial without dfinal at the callback, then the whole backward") {
+  for (const expanse_backend_info& info : expanse::backends()) {
+    if (!info.available) continue;
+    expanse::context ctx(info.name);
+    const bool oracle = std::string(info.name) == "reference";
+    h::op_config cfg = split_cases()[0].cfg;  // normalized, gated with resets, initial and final states
+    cfg.dtype = oracle ? EXPANSE_F64 : EXPANSE_F32;
+    const uint64_t seed = test_seed() + 200;
+    INFO("backend " << info.name << ", seed " << seed);
+    const h::tensor_map in = h::make_inputs(cfg, seed);
+    h::tensor_map without = in;  // no final-state cotangent
+    without.erase("dfinal_S");
+    without.erase("dfinal_z");
+    h::op_config cfg_without = cfg;
+    cfg_without.final_state = false;
+    const h::tensor_map whole = h::run_on(ctx, cfg, in, oracle), first = h::run_on(ctx, cfg_without, without, oracle);
+
+    h::prepared_run run(ctx, cfg, in, oracle);
+    exchange_probe probe{};
+    run.call_with_args([&](void* args) {
+      auto a = *static_cast<const expanse_power_attention_backward_args*>(args);
+      // dfinal moves to buffers of NaN that only the callback fills.
+      const size_t es = expanse_dtype_size(expanse_dtype(a.dfinal_S->dtype));
+      const size_t bytes_S = size_t(a.dfinal_S->shape[0] * a.dfinal_S->shape[1] * a.dfinal_S->shape[2] * a.dfinal_S->shape[3]) * es;
+      const size_t bytes_z = size_t(a.dfinal_z->shape[0] * a.dfinal_z->shape[1] * a.dfinal_z->shape[2]) * es;
+      expanse::device_buffer nan_S(ctx.get(), bytes_S), nan_z(ctx.get(), bytes_z);
+      const std::vector<unsigned char> nans(std::max(bytes_S, bytes_z), 0xFF);  // NaN in f32 and f64
+      expanse::check(expanse_memcpy(ctx.get(), nan_S.data(), nans.data(), bytes_S, EXPANSE_COPY_HOST_TO_DEVICE));
+      expanse::check(expanse_memcpy(ctx.get(), nan_z.data(), nans.data(), bytes_z, EXPANSE_COPY_HOST_TO_DEVICE));
+      expanse_tensor dS = *a.dfinal_S, dz = *a.dfinal_z;
+      dS.data = nan_S.data(), dz.data = nan_z.data();
+      probe = {ctx.get(), a.dinitial_S, &dS, &dz, a.dfinal_S->data, a.dfinal_z->data, bytes_S, bytes_z,
+               h::host_tensor::zeros(expanse_dtype(a.dinitial_S->dtype), first.at("dinitial_S").shape)};
+      a.dfinal_S = &dS, a.dfinal_z = &dz;
+      expanse::check(expanse_power_attention_backward_exchange(ctx.get(), &a, &probe_exchange, &probe));
+      expanse::check(expanse_synchronize(ctx.get()));
+    });
+    CHECK(probe.calls == 1);
+    check_equal({{"dinitial_S", probe.seen}}, {{"dinitial_S", first.at("dinitial_S")}}, h::tolerance_for(cfg.dtype));
+    check_equal(run.download(), whole, h::tolerance_for(cfg.dtype));
+  }
+}
+
+TEST_CASE("power_attention_backward_exchange refuses a missing callback or cotangent by name") {
+  expanse::context ctx("reference");
+  h::op_config cfg = split_cases()[0].cfg;
+  cfg.dtype = EXPANSE_F64;
+  h::prepared_run run(ctx, cfg, h::make_inputs(cfg, test_seed()), true);
+  run.call_with_args([&](void* args) {
+    auto a = *static_cast<const expanse_power_attention_backward_args*>(args);
+    CHECK(expanse_power_attention_backward_exchange(ctx.get(), &a, nullptr, nullptr) == EXPANSE_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(expanse_last_error()).find("argument 'exchange' is NULL") != std::string::npos);
+    a.dfinal_z = nullptr;
+    CHECK(expanse_power_attention_backward_exchange(ctx.get(), &a, &probe_exchange, nullptr) ==
+          EXPANSE_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(expanse_last_error()).find("argument 'dfinal_z' is required when normalize=1") !=
+          std::string::npos);
+  });
 }

@@ -87,6 +87,15 @@ expanse_status run(const expanse_op* op, const expanse_exec* exec, char* err, si
   return cuda_dispatcher().run(*op, props_of(exec->device), *exec, err, err_len);
 }
 
+// The one-pass form of expanse_power_attention_backward_exchange (backend.h).
+expanse_status backward_exchange(const expanse_op* op, const expanse_exec* exec, expanse_exchange_fn exchange,
+                                 void* user, char* err, size_t err_len) {
+  const cudaError_t set = cudaSetDevice(exec->device);
+  if (set != cudaSuccess) return cuda_failure(set, "cudaSetDevice", err, err_len);
+  const expanse_sdk::exchange_call call{exchange, user};
+  return cuda_dispatcher().run(*op, props_of(exec->device), *exec, err, err_len, &call);
+}
+
 expanse_status memory_alloc(int32_t device, size_t bytes, void** ptr, char* err, size_t err_len) {
   *ptr = nullptr;
   cudaError_t e = cudaSetDevice(device);
@@ -130,6 +139,7 @@ void* get_proc_address(const char* name) {
   if (std::strcmp(name, "expanse_nccl_allgather") == 0) return reinterpret_cast<void*>(&nccl_allgather);
 #endif
   if (std::strcmp(name, EXPANSE_CHOOSE_CHUNK_SIZE_PROC) == 0) return reinterpret_cast<void*>(&choose_chunk_size);
+  if (std::strcmp(name, EXPANSE_BACKWARD_EXCHANGE_PROC) == 0) return reinterpret_cast<void*>(&backward_exchange);
   return nullptr;
 }
 

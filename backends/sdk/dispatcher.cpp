@@ -127,12 +127,16 @@ expanse_status dispatcher::workspace_size(const expanse_op& op, const device_pro
 }
 
 expanse_status dispatcher::run(const expanse_op& op, const device_props& props, const expanse_exec& exec, char* err,
-                               size_t err_len) const {
+                               size_t err_len, const exchange_call* exchange) const {
   try {
     std::string why;
     const implementation* impl = choose(op, props, &why);
     if (impl == nullptr) {
       write_text(err, err_len, name_ + ": " + why);
+      return EXPANSE_ERROR_UNSUPPORTED;
+    }
+    if (exchange && !impl->run_exchanging) {
+      write_text(err, err_len, name_ + ": " + impl->name + " has no one-pass form of the exchanging backward");
       return EXPANSE_ERROR_UNSUPPORTED;
     }
     // Size first, so a too-small workspace is reported before anything is enqueued.
@@ -144,7 +148,8 @@ expanse_status dispatcher::run(const expanse_op& op, const device_props& props, 
     }
     workspace ws(exec.workspace, exec.workspace_bytes);
     launch_context lc{{exec.stream}, ws, props, *this, op};
-    impl->run(op, lc);
+    if (exchange) impl->run_exchanging(op, lc, *exchange);
+    else impl->run(op, lc);
     return EXPANSE_OK;
   } catch (const unsupported& e) {
     write_text(err, err_len, name_ + ": " + e.what());

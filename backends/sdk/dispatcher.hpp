@@ -37,8 +37,10 @@ class dispatcher {
   // made the device current). Errors are written to the buffers, prefixed with the backend's name.
   expanse_status supports(const expanse_op& op, const device_props& props, char* reason, size_t reason_len) const;
   expanse_status workspace_size(const expanse_op& op, const device_props& props, size_t* bytes) const;
+  // With `exchange`: the chosen implementation's run_exchanging, or EXPANSE_ERROR_UNSUPPORTED before
+  // any work where it has none.
   expanse_status run(const expanse_op& op, const device_props& props, const expanse_exec& exec, char* err,
-                     size_t err_len) const;
+                     size_t err_len, const exchange_call* exchange = nullptr) const;
 
   // Runs `step`, one operation of the composed operation lc.call, through its own list on lc's
   // stream and workspace (in lc's pass: sizing or real). Its choice is kept in the call's memo under

@@ -91,6 +91,13 @@ struct launch_context {
   const void* prepared = nullptr;
 };
 
+// The callback of expanse_power_attention_backward_exchange (expanse.h): the final state's cotangent
+// arrives when it returns.
+struct exchange_call {
+  expanse_exchange_fn fn;
+  void* user;
+};
+
 // One implementation of one operation.
 struct implementation {
   const char* name;
@@ -100,6 +107,10 @@ struct implementation {
   std::string (*declines)(const expanse_op& op, const device_props& props);
   // Takes its workspace pieces, then (unless sizing) enqueues its kernels on the stream.
   void (*run)(const expanse_op& op, launch_context& lc);
+  // power_attention_backward's one-pass form with the exchange (backend.h's
+  // EXPANSE_BACKWARD_EXCHANGE_PROC): as run, reading dfinal only after calling the exchange (not in
+  // the sizing pass). Null where the implementation has none.
+  void (*run_exchanging)(const expanse_op& op, launch_context& lc, const exchange_call& exchange) = nullptr;
 };
 
 using implementation_list = std::vector<implementation>;

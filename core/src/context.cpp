@@ -99,6 +99,39 @@ void backend_call(const expanse_context& ctx, const char* what, expanse_status s
        "%s on backend '%s' failed: %s", what, ctx.backend->name.c_str(), err && *err ? err : expanse_status_name(st));
 }
 
+// Validates args, checks the values of its inputs where the context asks (those of checked_args:
+// args, or a copy without what the call fills in later), takes the workspace and hands the op to
+// `launch` (the backend's run, or an extra of its table that takes the same op and exec).
+template <class Launch>
+void run_op(expanse_context& c, int32_t kind, const void* args, const void* checked_args, Launch&& launch) {
+  validated_op v;
+  expanse_op op{};
+  prepare(c, kind, args, v, op);
+  check_values(c, op, checked_args);
+  // Nothing to write (every output empty): done, whatever the other sizes (a zero-row problem
+  // with d = 2^63 - 1 is valid, and no backend need build its tables).
+  if (!writes_anything(*op_declaration(op.kind), args)) return;
+  size_t needed = 0;
+  backend_call(c, "workspace query", table_of(c).workspace_size(&op, &needed), nullptr);
+  if (needed > c.workspace_bytes && !c.allocate)
+    fail(EXPANSE_ERROR_WORKSPACE,
+         "%s on backend '%s' needs a workspace of %zu bytes, the context has %zu: query expanse_workspace_size and "
+         "pass it with expanse_context_set_workspace", expanse_op_name(op.kind), c.backend->name.c_str(), needed,
+         c.workspace_bytes);
+  expanse_exec exec{c.device, c.stream, c.workspace, c.workspace_bytes};
+  if (needed > c.workspace_bytes) {  // the context's allocator, as checked above
+    exec.workspace = c.allocate(c.allocate_user, needed);
+    exec.workspace_bytes = needed;
+    if (!exec.workspace)
+      fail(EXPANSE_ERROR_OUT_OF_MEMORY, "%s on backend '%s': the context's allocator returned no workspace of %zu bytes",
+           expanse_op_name(op.kind), c.backend->name.c_str(), needed);
+  }
+  char err[512] = {0};
+  const expanse_status st = launch(op, exec, err, sizeof(err));
+  err[sizeof(err) - 1] = '\0';
+  backend_call(c, expanse_op_name(op.kind), st, err);
+}
+
 }  // namespace
 
 extern "C" {
@@ -211,32 +244,50 @@ EXPANSE_API expanse_status expanse_workspace_size(expanse_context* ctx, expanse_
 EXPANSE_API expanse_status expanse_run(expanse_context* ctx, expanse_op_kind kind, const void* args) {
   return guarded([&] {
     expanse_context& c = checked(ctx);
-    validated_op v;
-    expanse_op op{};
-    prepare(c, enum_code(kind), args, v, op);
-    check_values(c, op, args);
-    // Nothing to write (every output empty): done, whatever the other sizes (a zero-row problem
-    // with d = 2^63 - 1 is valid, and no backend need build its tables).
-    if (!writes_anything(*op_declaration(op.kind), args)) return;
-    size_t needed = 0;
-    backend_call(c, "workspace query", table_of(c).workspace_size(&op, &needed), nullptr);
-    if (needed > c.workspace_bytes && !c.allocate)
-      fail(EXPANSE_ERROR_WORKSPACE,
-           "%s on backend '%s' needs a workspace of %zu bytes, the context has %zu: query expanse_workspace_size and "
-           "pass it with expanse_context_set_workspace", expanse_op_name(op.kind), c.backend->name.c_str(), needed,
-           c.workspace_bytes);
-    expanse_exec exec{c.device, c.stream, c.workspace, c.workspace_bytes};
-    if (needed > c.workspace_bytes) {  // the context's allocator, as checked above
-      exec.workspace = c.allocate(c.allocate_user, needed);
-      exec.workspace_bytes = needed;
-      if (!exec.workspace)
-        fail(EXPANSE_ERROR_OUT_OF_MEMORY, "%s on backend '%s': the context's allocator returned no workspace of %zu bytes",
-             expanse_op_name(op.kind), c.backend->name.c_str(), needed);
-    }
-    char err[512] = {0};
-    const expanse_status st = table_of(c).run(&op, &exec, err, sizeof(err));
-    err[sizeof(err) - 1] = '\0';
-    backend_call(c, expanse_op_name(op.kind), st, err);
+    run_op(c, enum_code(kind), args, args, [&](const expanse_op& op, const expanse_exec& exec, char* err, size_t n) {
+      return table_of(c).run(&op, &exec, err, n);
+    });
+  });
+}
+
+EXPANSE_API expanse_status expanse_power_attention_backward_exchange(expanse_context* ctx,
+                                                                     const expanse_power_attention_backward_args* a,
+                                                                     expanse_exchange_fn exchange, void* user) {
+  return guarded([&] {
+    const char* fn = "power_attention_backward_exchange";
+    expanse_context& c = checked(ctx);
+    if (!a) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument 'a' is NULL", fn);
+    if (!exchange) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument 'exchange' is NULL", fn);
+    auto require = [&](const expanse_tensor* t, const char* name, bool normalizer) {
+      if (!t && (!normalizer || a->normalize == 1))
+        fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument '%s' is required%s", fn, name,
+             normalizer ? " when normalize=1" : "");
+    };
+    require(a->initial_S, "initial_S", false), require(a->dinitial_S, "dinitial_S", false);
+    require(a->dfinal_S, "dfinal_S", false), require(a->initial_z, "initial_z", true);
+    require(a->dinitial_z, "dinitial_z", true), require(a->dfinal_z, "dfinal_z", true);
+    // The first pass's arguments: no final-state cotangent (the finite check reads these, as dfinal
+    // holds nothing yet).
+    expanse_power_attention_backward_args without = *a;
+    without.dfinal_S = without.dfinal_z = nullptr;
+    auto* one_pass = reinterpret_cast<expanse_backward_exchange_fn>(
+        table_of(c).get_proc_address ? table_of(c).get_proc_address(EXPANSE_BACKWARD_EXCHANGE_PROC) : nullptr);
+    bool ran = false;
+    if (one_pass)
+      run_op(c, EXPANSE_OP_POWER_ATTENTION_BACKWARD, a, &without,
+             [&](const expanse_op& op, const expanse_exec& exec, char* err, size_t n) {
+               const expanse_status st = one_pass(&op, &exec, exchange, user, err, n);
+               ran = st != EXPANSE_ERROR_UNSUPPORTED;  // declined before any work: two passes below
+               return ran ? st : EXPANSE_OK;
+             });
+    if (ran) return;
+    auto pass = [&](const expanse_power_attention_backward_args& args) {
+      const expanse_status st = expanse_power_attention_backward(ctx, &args);
+      if (st != EXPANSE_OK) fail(st, "%s", expanse_last_error());
+    };
+    pass(without);  // dinitial without dfinal
+    if (exchange(c.stream, user) != 0) fail(EXPANSE_ERROR_INTERNAL, "%s: the exchange callback failed", fn);
+    pass(*a);
   });
 }
 

@@ -3,6 +3,8 @@
 // The gathered buffer is rank-major: each rank's block holds its state from zero S [b,h,D,e], then z
 // [b,h,D] where normalized, then its total log decay A [b,h], so that strided views of it are
 // discumsum's X and A over the rank axis directly (and S, z, A are disjoint outputs of sequence_state).
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "context_stream.hpp"
@@ -165,6 +167,71 @@ int64_t chunk_for_states(expanse_context* ctx, const expanse_power_attention_arg
   return c > 0 ? c : 128;  // the quadratic form has no chunks; the state is summed by 128
 }
 
+// The backward's exchange (expanse_power_attention_backward_exchange's callback): every rank's
+// entering-state cotangent without its final state's, L_s, gathered; then this piece's final-state
+// cotangent dF_r = dY_{r+1} by the reverse recursion over the ranks after it,
+//   dY_R = the sequence's dfinal (or zero),   dY_s = L_s + exp(A_s) dY_{s+1},
+// on the host in the state dtype's precision (R states of D x e per head: small next to a piece).
+struct cotangent_exchange {
+  expanse_context* ctx;
+  const expanse_context_parallel* cp;
+  const layout_of_exchange* x;
+  const entering_states* st;
+  const expanse_power_attention_backward_args* a;
+  void *send, *cot, *dF;
+  std::string failure;  // an exception's message (it cannot cross the callback)
+};
+
+int32_t exchange_cotangents(void* stream, void* user) {
+  cotangent_exchange& e = *static_cast<cotangent_exchange*>(user);
+  try {
+    const layout_of_exchange& x = *e.x;
+    const int64_t slot = x.S_size() + x.z_size(), R = x.R, r = e.cp->rank;
+    const size_t es = x.element(), slot_bytes = size_t(slot) * es;
+    if (e.cp->allgather(e.send, e.cot, slot_bytes, stream, e.cp->user) != 0)
+      fail(EXPANSE_ERROR_INTERNAL, "context parallelism: the all-gather failed (rank %d of %d)", e.cp->rank, e.cp->ranks);
+    std::vector<unsigned char> cot(size_t(R) * slot_bytes), G(slot_bytes, 0), A(size_t(R * x.b * x.h) * es);
+    call(expanse_memcpy(e.ctx, cot.data(), e.cot, cot.size(), EXPANSE_COPY_DEVICE_TO_HOST));
+    const int64_t block = x.block(), aoff = x.S_size() + x.z_size();
+    for (int64_t s = 0; s < R; ++s)  // rank s's total decays [b, h], after its S and z in its block
+      call(expanse_memcpy(e.ctx, A.data() + size_t(s * x.b * x.h) * es,
+                          static_cast<const char*>(e.st->gathered.ptr) + size_t(s * block + aoff) * es,
+                          size_t(x.b * x.h) * es, EXPANSE_COPY_DEVICE_TO_HOST));
+    const expanse_tensor* finals[] = {e.a->dfinal_S, x.normalize ? e.a->dfinal_z : nullptr};
+    const int64_t offsets[] = {0, x.S_size()}, sizes[] = {x.S_size(), x.z_size()};
+    for (int i = 0; i < 2; ++i) {
+      if (!finals[i]) continue;
+      if (finals[i]->dtype != x.state_dtype)
+        fail(EXPANSE_ERROR_INVALID_ARGUMENT, "context parallelism: the final state's cotangent must be %s",
+             expanse_dtype_name(expanse_dtype(x.state_dtype)));
+      call(expanse_memcpy(e.ctx, G.data() + size_t(offsets[i]) * es, finals[i]->data, size_t(sizes[i]) * es,
+                          EXPANSE_COPY_DEVICE_TO_HOST));
+    }
+    call(expanse_synchronize(e.ctx));
+    auto recurse = [&](auto zero) {  // G = dY_R, then dY_s for s = R - 1 .. r + 1
+      using F = decltype(zero);
+      F* g = reinterpret_cast<F*>(G.data());
+      const F* decays = reinterpret_cast<const F*>(A.data());
+      for (int64_t s = R - 1; s > r; --s) {
+        const F* Ls = reinterpret_cast<const F*>(cot.data() + size_t(s) * slot_bytes);
+        for (int64_t i = 0; i < slot; ++i) {
+          // entry i of a slot: S [b, h, D, e] then z [b, h, D]; its (batch, head) picks the decay
+          const int64_t bh = i < x.S_size() ? i / (x.D * x.e) : (i - x.S_size()) / x.D;
+          g[i] = Ls[i] + std::exp(decays[s * x.b * x.h + bh]) * g[i];
+        }
+      }
+    };
+    if (x.state_dtype == EXPANSE_F64) recurse(0.0);
+    else recurse(0.f);
+    call(expanse_memcpy(e.ctx, e.dF, G.data(), slot_bytes, EXPANSE_COPY_HOST_TO_DEVICE));
+    call(expanse_synchronize(e.ctx));  // G is freed at return
+    return 0;
+  } catch (const std::exception& ex) {
+    e.failure = ex.what();
+    return 1;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -220,97 +287,38 @@ EXPANSE_API expanse_status expanse_context_parallel_power_attention_backward(
     exchange_states(ctx, *cp, x, *a->k, *a->v, a->log_g, a->p, chunk_for_states(ctx, fwd), a->layout, a->initial_S,
                     a->initial_z, st);
     const int32_t sd = x.state_dtype;
-    const int64_t Ds = x.D * x.e, R = x.R;
+    const int64_t Ds = x.D * x.e, slot = x.S_size() + x.z_size();  // a state and its normalizer
     const size_t es = x.element();
     const expanse_tensor S_in = st.S_at(x, cp->rank), z_in = x.normalize ? st.z_at(x, cp->rank) : expanse_tensor{};
 
-    // 1. G_r, the cotangent of this piece's entering state: its backward from that state without the
-    // final state's cotangent (its token gradients are dropped: pass 2 gives them whole). The ranks
-    // gather G_r into slots 0 .. R-1 of `cot`; slot R holds dfinal (the same on every rank) or zeros.
-    const int64_t slot = x.S_size() + x.z_size();  // G_S [b,h,D,e], then G_z [b,h,D]
-    device_buffer send(ctx, size_t(slot) * es);
-    device_buffer cot(ctx, size_t((R + 1) * slot) * es);
-    {
-      size_t scratch_bytes = 0;
-      for (const expanse_tensor* t : {a->dq, a->dk, a->dv, a->dlog_g}) {
-        if (!t) continue;
-        size_t n = 8;  // bytes per element at most
-        for (int i = 0; i < t->ndim; ++i) n *= size_t(t->shape[i]);
-        scratch_bytes += n;
-      }
-      device_buffer scratch(ctx, scratch_bytes);
-      size_t at = 0;
-      auto scratch_like = [&](const expanse_tensor& t) {  // a contiguous tensor shaped as t, in scratch
-        expanse_tensor c = t;
-        c.data = static_cast<char*>(scratch.ptr) + at;
-        int64_t n = 1;
-        for (int i = t.ndim - 1; i >= 0; --i) c.strides[i] = n, n *= t.shape[i];
-        at += size_t(n) * 8;
-        return c;
-      };
-      expanse_tensor dq = scratch_like(*a->dq), dk = scratch_like(*a->dk), dv = scratch_like(*a->dv);
-      expanse_tensor dlog_g = a->dlog_g ? scratch_like(*a->dlog_g) : expanse_tensor{};
-      expanse_tensor G = view(send.ptr, sd, *a->k, {x.b, x.h, x.D, x.e}, {x.h * Ds, Ds, x.e, 1});
-      expanse_tensor Gz = view(send.ptr, sd, *a->k, {x.b, x.h, x.D}, {x.h * x.D, x.D, 1}, x.S_size());
-      expanse_power_attention_backward_args first = *a;
-      first.initial_S = &S_in;
-      first.initial_z = x.normalize ? &z_in : nullptr;
-      first.dfinal_S = first.dfinal_z = nullptr;
-      first.dq = &dq, first.dk = &dk, first.dv = &dv, first.dlog_g = a->dlog_g ? &dlog_g : nullptr;
-      first.dinitial_S = &G;
-      first.dinitial_z = x.normalize ? &Gz : nullptr;
-      call(expanse_power_attention_backward(ctx, &first));
-      if (cp->allgather(send.ptr, cot.ptr, size_t(slot) * es, context_stream(ctx), cp->user) != 0)
-        fail(EXPANSE_ERROR_INTERNAL, "context parallelism: the all-gather failed (rank %d of %d)", cp->rank, cp->ranks);
-      call(expanse_synchronize(ctx));
-    }
-    char* last = static_cast<char*>(cot.ptr) + size_t(R * slot) * es;
-    zero(ctx, view(last, sd, *a->k, {slot}, {1}));
-    if (a->dfinal_S) call(expanse_memcpy(ctx, last, a->dfinal_S->data, size_t(x.S_size()) * es, EXPANSE_COPY_DEVICE_TO_DEVICE));
-    if (a->dfinal_z && x.normalize)
-      call(expanse_memcpy(ctx, last + size_t(x.S_size()) * es, a->dfinal_z->data, size_t(x.z_size()) * es,
-                          EXPANSE_COPY_DEVICE_TO_DEVICE));
+    // One backward from the entering state (rank 0 without an initial state: from zero) whose final
+    // state's cotangent comes from the pieces after this one (exchange_cotangents): first the entering
+    // state's cotangent without it, L_r, into `send`; then dF_r into `dF`; then everything.
+    device_buffer send(ctx, size_t(slot) * es), cot(ctx, size_t(x.R * slot) * es), dF(ctx, size_t(slot) * es);
+    expanse_tensor L = view(send.ptr, sd, *a->k, {x.b, x.h, x.D, x.e}, {x.h * Ds, Ds, x.e, 1});
+    expanse_tensor Lz = view(send.ptr, sd, *a->k, {x.b, x.h, x.D}, {x.h * x.D, x.D, 1}, x.S_size());
+    expanse_tensor dFS = view(dF.ptr, sd, *a->k, {x.b, x.h, x.D, x.e}, {x.h * Ds, Ds, x.e, 1});
+    expanse_tensor dFz = view(dF.ptr, sd, *a->k, {x.b, x.h, x.D}, {x.h * x.D, x.D, 1}, x.S_size());
+    expanse_power_attention_backward_args piece = *a;
+    piece.initial_S = &S_in;
+    piece.initial_z = x.normalize ? &z_in : nullptr;
+    piece.dinitial_S = &L;
+    piece.dinitial_z = x.normalize ? &Lz : nullptr;
+    piece.dfinal_S = &dFS;
+    piece.dfinal_z = x.normalize ? &dFz : nullptr;
+    cotangent_exchange ex{ctx, cp, &x, &st, a, send.ptr, cot.ptr, dF.ptr, {}};
+    call(expanse_power_attention_backward_exchange(ctx, &piece, &exchange_cotangents, &ex));
+    if (!ex.failure.empty()) fail(EXPANSE_ERROR_INTERNAL, "%s", ex.failure.c_str());
 
-    // 2. discumsum_backward over the ranks: dX_r is the cotangent of piece r's final state.
-    device_buffer dX(ctx, size_t(R * slot) * es);  // [b, R, h, D, e], then [b, R, h, D]
-    const expanse_tensor dY = view(cot.ptr, sd, *a->k, {x.b, R + 1, x.h, x.D, x.e}, {x.h * Ds, slot, Ds, x.e, 1});
-    const expanse_tensor dYz = view(cot.ptr, sd, *a->k, {x.b, R + 1, x.h, x.D}, {x.h * x.D, slot, x.D, 1}, x.S_size());
-    expanse_tensor dXs = view(dX.ptr, sd, *a->k, {x.b, R, x.h, x.D, x.e}, {R * x.h * Ds, x.h * Ds, Ds, x.e, 1});
-    expanse_tensor dXz = view(dX.ptr, sd, *a->k, {x.b, R, x.h, x.D}, {R * x.h * x.D, x.h * x.D, x.D, 1}, R * x.S_size());
-    const bool rank0 = cp->rank == 0;
-    expanse_discumsum_backward_args back;
-    expanse_discumsum_backward_args_init(&back);
-    back.X = &st.X, back.A = &st.A, back.Y_init = a->initial_S, back.dY = &dY, back.dX = &dXs;
-    back.dY_init = rank0 ? a->dinitial_S : nullptr;
-    call(expanse_discumsum_backward(ctx, &back));
-    if (x.normalize) {
-      back.X = &st.Xz, back.Y_init = a->initial_z, back.dY = &dYz, back.dX = &dXz;
-      back.dY_init = rank0 ? a->dinitial_z : nullptr;
-      call(expanse_discumsum_backward(ctx, &back));
-    }
-    if (!rank0) {
+    // The sequence's initial state is rank 0's entering state: its cotangent is L_0 with dF_0 (which
+    // the backward left in `send`); the other ranks' is zero.
+    if (cp->rank == 0) {
+      if (a->dinitial_S) copy_per_batch(ctx, *a->dinitial_S, L, x.h * Ds);
+      if (a->dinitial_z) copy_per_batch(ctx, *a->dinitial_z, Lz, x.h * x.D);
+    } else {
       if (a->dinitial_S) zero(ctx, *a->dinitial_S);
       if (a->dinitial_z) zero(ctx, *a->dinitial_z);
     }
-
-    // 3. This piece's backward from its entering state with its final state's cotangent: every path
-    // from its tokens to the loss, into the caller's gradients.
-    const int64_t r = cp->rank;
-    const expanse_tensor dF = view(dX.ptr, sd, *a->k, {x.b, x.h, x.D, x.e}, {R * x.h * Ds, Ds, x.e, 1}, r * x.h * Ds);
-    const expanse_tensor dFz =
-        view(dX.ptr, sd, *a->k, {x.b, x.h, x.D}, {R * x.h * x.D, x.D, 1}, R * x.S_size() + r * x.h * x.D);
-    device_buffer unused(ctx, size_t(slot) * es);  // the entering state's cotangent, again
-    expanse_tensor uS = view(unused.ptr, sd, *a->k, {x.b, x.h, x.D, x.e}, {x.h * Ds, Ds, x.e, 1});
-    expanse_tensor uz = view(unused.ptr, sd, *a->k, {x.b, x.h, x.D}, {x.h * x.D, x.D, 1}, x.S_size());
-    expanse_power_attention_backward_args second = *a;
-    const bool entering = cp->rank > 0 || a->initial_S;
-    second.initial_S = entering ? &S_in : nullptr;
-    second.initial_z = entering && x.normalize ? &z_in : nullptr;
-    second.dinitial_S = entering ? &uS : nullptr;
-    second.dinitial_z = entering && x.normalize ? &uz : nullptr;
-    second.dfinal_S = &dF;
-    second.dfinal_z = x.normalize ? &dFz : nullptr;
-    call(expanse_power_attention_backward(ctx, &second));
     call(expanse_synchronize(ctx));
   });
 }

@@ -29,8 +29,10 @@
 namespace expanse_cuda {
 
 std::string mma_power_attention_backward_declines(const expanse_op& op, const device_props& props);
+using expanse_sdk::exchange_call;
+// exchange: expanse_power_attention_backward_exchange's callback (null: a plain call).
 template <pullback_product kProduct>
-void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc);
+void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, const exchange_call* exchange);
 // ops/update_state.cu: update_state with its operands split into b16 hi + lo, for the forward sweep.
 void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
                                const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
@@ -66,12 +68,16 @@ std::string mma_power_attention_backward_declines(const expanse_op& op, const de
 }
 
 template <pullback_product kProduct>
-void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) {
+void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, const exchange_call* exchange) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
   const expanse_tensor& dev = *a.q;
   const backward_plan plan = plan_backward(op);
   const bool sizing = lc.ws.sizing(), grouped = pb.hq != pb.h;
+  // The exchange comes with the state cotangents' scan, which dinitial (declared by the exchanging
+  // call) always brings.
+  if (exchange && !plan.cotangent_states)
+    throw std::logic_error("power_attention_backward: an exchange without dinitial");
   const int64_t qrows = pb.b * pb.t * pb.hq, krows = pb.b * pb.t * pb.h;
 
   step_inputs shared;
@@ -180,7 +186,14 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
         });
         check_launch("mma power_attention_backward dden features");
       }
-      launch_reverse_scan(op, st, Xs, Xz, fw, shared.g, boundary, lc);
+      // Exchanging: the scan from zero gives dinitial without dfinal, the callback then brings dfinal,
+      // and its share is added to every chunk's cotangent before anything reads them.
+      launch_reverse_scan(op, st, Xs, Xz, fw, shared.g, boundary, lc, /*with_final=*/!exchange);
+      if (exchange) {
+        if (exchange->fn(lc.stream.raw, exchange->user) != 0)
+          throw std::runtime_error("power_attention_backward: the exchange callback failed");
+        launch_final_cotangent(op, st, fw, shared.g, boundary, lc);
+      }
     }
 
     // 6. dk's and dv's state terms.
@@ -222,11 +235,20 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc) 
 }
 
 namespace {
+template <pullback_product kProduct>
+void plain_run(const expanse_op& op, launch_context& lc) {
+  mma_power_attention_backward_run<kProduct>(op, lc, nullptr);
+}
+template <pullback_product kProduct>
+void exchanging_run(const expanse_op& op, launch_context& lc, const exchange_call& exchange) {
+  mma_power_attention_backward_run<kProduct>(op, lc, &exchange);
+}
+
 const registered_list kList(cuda_lists(), EXPANSE_OP_POWER_ATTENTION_BACKWARD,
-                            {{"wgmma", sm90a, mma_power_attention_backward_declines,
-                              mma_power_attention_backward_run<pullback_product::wgmma>},
-                             {"mma", sm80, mma_power_attention_backward_declines,
-                              mma_power_attention_backward_run<pullback_product::mma_sync>},
+                            {{"wgmma", sm90a, mma_power_attention_backward_declines, plain_run<pullback_product::wgmma>,
+                              exchanging_run<pullback_product::wgmma>},
+                             {"mma", sm80, mma_power_attention_backward_declines, plain_run<pullback_product::mma_sync>,
+                              exchanging_run<pullback_product::mma_sync>},
                              expanse_gpu::power_attention_backward_simple});
 }  // namespace
 

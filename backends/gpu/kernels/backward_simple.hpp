@@ -4,6 +4,7 @@
 //   backward_cotangents_kernel      dnum_i, dden_i of each query token (den_i recomputed)
 //   query_cotangent_states_kernel   X_m = sum_{heads, i in m} exp(Gc_i) phi(scale q_i) [dnum_i | dden_i]^T
 //   reverse_scan_kernel             dY_m = exp(A_m) dY_{m+1} + X_m: slot m keeps dY_{m+1}; dinitial = dY_0
+//   final_cotangent_kernel          dfinal's share added after a scan from zero (exchanging backward)
 //   boundary_sums_kernel            each chunk's boundary term <dY_{m+1}, S_{m+1}> for the gates
 //   query_gradients_kernel          dq (the state term and/or the causal pairs), and q . dq
 //   key_gradients_kernel            dk, dv (likewise), and k . dk
@@ -251,6 +252,30 @@ struct state_entry {
   }
   if (!is_z && ends.dinitial_S.data) *ptrf(ends.dinitial_S, off4(ends.dinitial_S, batch, kv, r, col)) = cur;
   if (is_z && ends.dinitial_z.data) *ptrf(ends.dinitial_z, off3(ends.dinitial_z, batch, kv, r)) = cur;
+}
+
+// After a reverse scan that started from zero (expanse_power_attention_backward_exchange: dfinal
+// arrives later), dfinal's share, as reverse_scan_kernel's threads lay out the entries: slot m (dY_{m+1})
+// += exp(A_{m+1} + ... + A_{n-1}) dfinal and dinitial += exp(A_0 + ... + A_{n-1}) dfinal, the scan
+// being linear in its start.
+[[maybe_unused]] static __global__ void __launch_bounds__(kBackwardThreads)
+    final_cotangent_kernel(backward_states st, scan_ends ends, gates g, expanse_problem pb) {
+  const int64_t per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
+  const int64_t tiles = (per_head + kBackwardThreads - 1) / kBackwardThreads, head = quotient(blockIdx.x, tiles);
+  const state_entry at((blockIdx.x - head * tiles) * kBackwardThreads + threadIdx.x, per_head, pb);
+  if (!at.in) return;
+  const int64_t kv = head % pb.h, batch = head / pb.h, r = at.r, col = at.col;
+  float cur = 0.f;
+  if (!at.is_z && ends.dfinal_S.data) cur = *ptrf(ends.dfinal_S, off4(ends.dfinal_S, batch, kv, r, col));
+  if (at.is_z && ends.dfinal_z.data) cur = *ptrf(ends.dfinal_z, off3(ends.dfinal_z, batch, kv, r));
+  if (cur == 0.f) return;
+  for (int64_t m = pb.n - 1; m >= 0; --m) {
+    float* slot = at.is_z ? ptrf(st.dZ, off4(st.dZ, batch, m, kv, r)) : ptrf(st.dY, off5(st.dY, batch, m, kv, r, col));
+    *slot += cur;
+    cur *= expf(g.chunk_total(head, pb.n, m));
+  }
+  if (!at.is_z && ends.dinitial_S.data) *ptrf(ends.dinitial_S, off4(ends.dinitial_S, batch, kv, r, col)) += cur;
+  if (at.is_z && ends.dinitial_z.data) *ptrf(ends.dinitial_z, off3(ends.dinitial_z, batch, kv, r)) += cur;
 }
 
 // After the reverse scan, one block per (kv head, chunk m, kBoundaryEntries entries of the head):

@@ -73,25 +73,51 @@ float* take_boundary_sums(const expanse_op& op, const backward_plan& plan, works
   return wanted ? ws.take<float>(size_t(pb.b * pb.h * pb.n)) : nullptr;
 }
 
+namespace {
+
+scan_ends ends_of(const expanse_power_attention_backward_args& a, const forward_sweep& fw) {
+  return {tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), tensor_or_empty(a.dinitial_S),
+          tensor_or_empty(a.dinitial_z), static_cast<const float*>(fw.S_final.data),
+          static_cast<const float*>(fw.z_final.data)};
+}
+
+void launch_boundary_sums(const expanse_problem& pb, const backward_states& st, const scan_ends& ends, float* boundary,
+                          launch_context& lc) {
+  const int64_t heads = pb.b * pb.h, per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
+  if (!boundary || pb.n == 0 || heads * per_head == 0) return;
+  const int64_t boundary_tiles = (per_head + kBoundaryEntries - 1) / kBoundaryEntries;
+  boundary_sums_kernel<<<unsigned(boundary_tiles * heads * pb.n), kBackwardThreads, 0, lc.stream>>>(st, ends, pb, boundary);
+  check_launch("power_attention_backward boundary terms");
+}
+
+}  // namespace
+
 void launch_reverse_scan(const expanse_op& op, const backward_states& st, const expanse_tensor& Xs,
                          const expanse_tensor& Xz, const forward_sweep& fw, const gates& g, float* boundary,
-                         launch_context& lc) {
+                         launch_context& lc, bool with_final) {
   const expanse_problem& pb = *op.problem;
-  const auto& a = args_of<expanse_power_attention_backward_args>(op);
   const int64_t heads = pb.b * pb.h, per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
   if (heads * per_head == 0) return;
   if (boundary && failed(memset_async(boundary, 0, size_t(heads * pb.n) * sizeof(float), lc.stream)))
     throw std::runtime_error("power_attention_backward: clearing the boundary terms failed");
-  const scan_ends ends{tensor_or_empty(a.dfinal_S), tensor_or_empty(a.dfinal_z), tensor_or_empty(a.dinitial_S),
-                       tensor_or_empty(a.dinitial_z), static_cast<const float*>(fw.S_final.data),
-                       static_cast<const float*>(fw.z_final.data)};
+  scan_ends ends = ends_of(args_of<expanse_power_attention_backward_args>(op), fw);
+  if (!with_final) ends.dfinal_S = ends.dfinal_z = expanse_tensor{};
   const int64_t tiles = (per_head + kBackwardThreads - 1) / kBackwardThreads;
   reverse_scan_kernel<<<unsigned(tiles * heads), kBackwardThreads, 0, lc.stream>>>(st, Xs, Xz, ends, g, pb);
   check_launch("power_attention_backward reverse scan");
-  if (!boundary || pb.n == 0) return;
-  const int64_t boundary_tiles = (per_head + kBoundaryEntries - 1) / kBoundaryEntries;
-  boundary_sums_kernel<<<unsigned(boundary_tiles * heads * pb.n), kBackwardThreads, 0, lc.stream>>>(st, ends, pb, boundary);
-  check_launch("power_attention_backward boundary terms");
+  if (with_final) launch_boundary_sums(pb, st, ends, boundary, lc);
+}
+
+void launch_final_cotangent(const expanse_op& op, const backward_states& st, const forward_sweep& fw, const gates& g,
+                            float* boundary, launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const int64_t heads = pb.b * pb.h, per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
+  if (heads * per_head == 0) return;
+  const scan_ends ends = ends_of(args_of<expanse_power_attention_backward_args>(op), fw);
+  const int64_t tiles = (per_head + kBackwardThreads - 1) / kBackwardThreads;
+  final_cotangent_kernel<<<unsigned(tiles * heads), kBackwardThreads, 0, lc.stream>>>(st, ends, g, pb);
+  check_launch("power_attention_backward final cotangent");
+  launch_boundary_sums(pb, st, ends, boundary, lc);
 }
 
 void launch_gate_gradients(const expanse_op& op, const float* boundary, backward_work w, launch_context& lc) {

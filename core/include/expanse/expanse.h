@@ -544,6 +544,22 @@ EXPANSE_API expanse_status expanse_sequence_state(expanse_context* ctx, const ex
 
 /* ---------------------------------------------------------------- context parallelism (docs/spec.md) */
 
+/* power_attention_backward whose final-state cotangent arrives during the call, for callers that
+ * split one sequence themselves (context parallelism: a piece's final-state cotangent comes from the
+ * pieces after it, which need this piece's initial-state cotangent first). `a` declares initial_S,
+ * dinitial_S and dfinal_S (and, normalized, initial_z, dinitial_z and dfinal_z). The call computes the
+ * initial state's cotangent as if dfinal_S and dfinal_z were zero and writes it to dinitial_S and
+ * dinitial_z; calls exchange(stream, user) with the context's stream, which must read those and
+ * write dfinal_S and dfinal_z, itself or by work it enqueues on that stream; then finishes: every
+ * output as expanse_power_attention_backward gives it with that dfinal (dinitial included). The
+ * backend's one-pass form where it has one (the CUDA tensor-core backward: the state cotangents are
+ * linear in dfinal, which is added to them after their scan); otherwise two backward passes, the first
+ * for dinitial. exchange returns 0 on success. */
+typedef int32_t (*expanse_exchange_fn)(void* stream, void* user);
+EXPANSE_API expanse_status expanse_power_attention_backward_exchange(expanse_context* ctx,
+                                                                     const expanse_power_attention_backward_args* a,
+                                                                     expanse_exchange_fn exchange, void* user);
+
 /* A collective the caller owns: gathers `bytes` bytes from each rank into recv (rank r's at byte
  * r * bytes), ordered on `stream` (the context's stream). Returns 0 on success. The CUDA plugin offers
  * NCCL's as the extra "expanse_nccl_allgather" (user: the ncclComm_t; expanse_backend_proc). */
