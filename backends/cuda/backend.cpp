@@ -130,7 +130,8 @@ expanse_status synchronize(int32_t device, void* stream, char* err, size_t err_l
 }
 
 // Extras by name: device timing with CUDA events, for `expanse bench`; the chunk size of
-// EXPANSE_CHUNK_AUTO (chunk_choice.cpp).
+// EXPANSE_CHUNK_AUTO (chunk_choice.cpp); the one-pass exchanging backward (backward_exchange above);
+// NCCL's all-gather where built with it.
 int timer_elapsed_ms(void* stream, void (*body)(void*), void* user, int reps, float* ms_out);
 
 void* get_proc_address(const char* name) {
