@@ -15,12 +15,14 @@ class _DtypeOf:
         self.name = name
 
 
-def _call(op, inputs, outputs, *, backend, required, check_finite, in_place=None, **params):
+def _call(op, inputs, outputs, *, backend, required, check_finite, in_place=None, exchange=None, **params):
     """Runs `op`. inputs: {name: array or None}, the first one the anchor whose framework and device
     the outputs take; outputs: {name: dtype to allocate: "" for the library's default, a dtype name,
     or _DtypeOf(input)}, in the shapes the library derives; in_place: {name: array} written in place;
     required: names that must not be None; check_finite: the call's argument (None: the
-    process-wide setting); params: the op's parameters by name (None: left at the library's default)."""
+    process-wide setting); exchange: power_attention_backward's callable(stream) for
+    expanse_power_attention_backward_exchange; params: the op's parameters by name (None: left at
+    the library's default)."""
     check_finite = _finite.resolve(op, check_finite)
     for n in required:
         x = inputs[n] if n in inputs else in_place[n]
@@ -45,7 +47,7 @@ def _call(op, inputs, outputs, *, backend, required, check_finite, in_place=None
 
     params = {k: (int(v) if isinstance(v, bool) else v) for k, v in params.items() if v is not None}
     return _expanse.run(op, name, device, device_type, fw.stream(anchor), given, requested, allocate, params,
-                        check_finite=check_finite)
+                        check_finite=check_finite, exchange=exchange)
 
 
 def power_attention(q, k, v, log_g=None, *, p=2, scale=None, chunk_size=None, normalize=True,
@@ -211,6 +213,27 @@ def power_attention_backward(q, k, v, log_g, do, *, p=2, scale=None, chunk_size=
     if S0 is not None:
         return grads + ((r["dinitial_S"], r.get("dinitial_z")),)
     return grads
+
+
+def _power_attention_backward_exchange(q, k, v, log_g, o, do, *, initial_state, dinitial, dfinal, exchange, p,
+                                       scale, chunk_size, normalize, layout, backend):
+    """power_attention_backward whose final-state cotangent arrives during the call
+    (expanse_power_attention_backward_exchange, docs/spec.md "Context parallelism"): dinitial (dS, dz)
+    receives the initial state's cotangent without dfinal; then exchange(stream) must write dfinal
+    (dS, dz) in place; then every gradient comes as with that dfinal, dinitial included. z parts are
+    None unless normalize. Returns (dq, dk, dv, dlog_g)."""
+    op = "power_attention_backward"
+    outputs = {"dq": "", "dk": "", "dv": ""}
+    if log_g is not None:
+        outputs["dlog_g"] = ""
+    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g, "initial_S": initial_state[0],
+                   "initial_z": initial_state[1], "o": o if normalize else None, "dout": do, "dfinal_S": dfinal[0],
+                   "dfinal_z": dfinal[1]}, outputs,
+              in_place={"dinitial_S": dinitial[0], "dinitial_z": dinitial[1]}, exchange=exchange, backend=backend,
+              required=("q", "k", "v", "dout"), check_finite=None, p=p, scale=_params.scale(op, scale),
+              chunk_size=_params.auto_chunk_size(op, chunk_size), normalize=normalize,
+              layout=_params.layout(op, layout))
+    return r["dq"], r["dk"], r["dv"], r.get("dlog_g")
 
 
 def power_attention_step(q, k, v, log_g=None, *, state, p=2, scale=None, normalize=True, layout="sympow",

@@ -81,10 +81,12 @@ class PowerAttention(torch.nn.Module):
         return (y, state) if output_final_state else y
 
 
-# A piece's own final state is summed by update_state chunks, each of which keeps a D x e state (f32)
-# until the backward: 35 GB at P1 for 1M tokens in chunks of 128. Bounding their number bounds that
-# memory; the sum does not depend on the chunking beyond rounding.
+# A piece's own final state is summed by update_state chunks, each a D x e state (f32) while the
+# forward runs: 35 GB at P1 for 1M tokens in chunks of 128. Bounding their number bounds that memory;
+# the sum does not depend on the chunking beyond rounding.
 _MAX_STATE_CHUNKS = 256
+
+EXCHANGES = ("allgather", "ring")
 
 
 def _state_chunk(t, chunk_size):
@@ -96,90 +98,163 @@ def _state_chunk(t, chunk_size):
     return c
 
 
-class _GatherRanks(torch.autograd.Function):
-    """x [b, ...] of every rank of `group`, stacked as [b, R, ...]. Every rank's loss may depend on
-    every slot, so the gradient of this rank's x is the sum over the ranks of their gradients of its
-    slot (an all-reduce, then this rank's slot)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.stack(parts, dim=1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad[:, dist.get_rank(ctx.group)], None
-
-
-class _RingPass(torch.autograd.Function):
-    """The states entering and leaving this rank's piece, passed along the ranks in order: rank r
-    receives Y_r from rank r - 1 (rank 0 starts from `initial`), sends Y_{r+1} = exp(A_r) Y_r + F_r to
-    rank r + 1, and with `want_final` the last rank's Y_R is broadcast. The backward runs the other
-    way: rank r receives the cotangent of Y_{r+1} from rank r + 1 (the last rank: the final state's,
-    summed over the ranks) and sends that of Y_r to rank r - 1. Every tensor is [b, h, w]."""
-
-    @staticmethod
-    def forward(ctx, F_r, A_r, initial, group, want_final):
-        rank, ranks = dist.get_rank(group), dist.get_world_size(group)
-        if rank == 0:
-            Y = initial.clone() if initial is not None else torch.zeros_like(F_r)
-        else:
-            Y = torch.empty_like(F_r)
-            dist.recv(Y, src=_global_rank(group, rank - 1), group=group)
-        decay = torch.exp(A_r)[..., None]
-        Y_next = decay * Y + F_r
-        if rank + 1 < ranks:
-            dist.send(Y_next.contiguous(), dst=_global_rank(group, rank + 1), group=group)
-        final = Y_next if rank + 1 == ranks else torch.zeros_like(F_r)
-        if want_final:
-            dist.broadcast(final, src=_global_rank(group, ranks - 1), group=group)
-        ctx.save_for_backward(Y, decay)
-        ctx.group, ctx.want_final, ctx.has_initial = group, want_final, initial is not None
-        return Y, final
-
-    @staticmethod
-    def backward(ctx, dY, dfinal):
-        Y, decay = ctx.saved_tensors
-        group = ctx.group
-        rank, ranks = dist.get_rank(group), dist.get_world_size(group)
-        if ctx.want_final:  # every rank's share of the final state's cotangent
-            dfinal = dfinal.contiguous()
-            dist.all_reduce(dfinal, group=group)
-        if rank + 1 == ranks:
-            dY_next = dfinal if ctx.want_final else torch.zeros_like(Y)
-        else:
-            dY_next = torch.empty_like(Y)
-            dist.recv(dY_next, src=_global_rank(group, rank + 1), group=group)
-        dA = decay[..., 0] * (Y * dY_next).sum(dim=-1)
-        dY_total = dY + decay * dY_next
-        if rank > 0:
-            dist.send(dY_total.contiguous(), dst=_global_rank(group, rank - 1), group=group)
-        d_initial = dY_total if rank == 0 and ctx.has_initial else None
-        return dY_next, dA, d_initial, None, None
-
-
 def _global_rank(group, rank):
     """The global rank of `rank` in `group` (send and recv address global ranks)."""
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
-def _allgather_prefix(F_r, A_r, initial, group, backend):
-    """The states entering and leaving this rank's piece from one all-gather of every rank's F_r,
-    A_r (and rank 0's initial state): Y_0 = initial, Y_{r+1} = exp(A_r) Y_r + F_r, by discumsum over
-    the ranks. Every tensor is [b, h, w]; returns (Y_r, Y_R)."""
-    parts = [F_r, A_r[..., None]] + ([initial] if initial is not None else [])
+def _gather(x, group):
+    """x [b, ...] of every rank of `group`, stacked as [b, R, ...]."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.stack(parts, dim=1)
+
+
+def _enter_by_allgather(own, decay, initial, group, backend):
+    """The states entering this rank's piece and leaving the last, from one all-gather of every
+    rank's own final state F_r and total log decay A_r (and rank 0's initial state): Y_0 = initial,
+    Y_{r+1} = exp(A_r) Y_r + F_r, by discumsum over the ranks. Tensors [b, h, w]; returns (Y_r, Y_R,
+    every rank's A [b, R, h])."""
+    parts = [own, decay[..., None]] + ([initial] if initial is not None else [])
     widths = [x.shape[2] for x in parts]
-    gathered = _GatherRanks.apply(torch.cat(parts, dim=2), group).split(widths, dim=3)  # each [b, R, h, w]
-    F, A = gathered[0], gathered[1][..., 0]
-    Y = _ops.discumsum(F, A, gathered[2][:, 0] if initial is not None else None, backend=backend)
-    return Y[:, dist.get_rank(group)], Y[:, Y.shape[1] - 1]
+    gathered = _gather(torch.cat(parts, dim=2), group).split(widths, dim=3)  # each [b, R, h, w]
+    F_all, A_all = gathered[0], gathered[1][..., 0]
+    Y = _ops.discumsum(F_all, A_all, gathered[2][:, 0] if initial is not None else None, backend=backend)
+    return Y[:, dist.get_rank(group)], Y[:, Y.shape[1] - 1], A_all
 
 
-EXCHANGES = ("allgather", "ring")
+def _enter_by_ring(own, decay, initial, group, want_final):
+    """The same passed along the ranks in order: rank r receives Y_r from rank r - 1 (rank 0 starts
+    from `initial`) and sends Y_{r+1} to rank r + 1; the last rank's Y_R is broadcast where wanted."""
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+    if rank == 0:
+        Y = initial.clone() if initial is not None else torch.zeros_like(own)
+    else:
+        Y = torch.empty_like(own)
+        dist.recv(Y, src=_global_rank(group, rank - 1), group=group)
+    Y_next = torch.exp(decay)[..., None] * Y + own
+    if rank + 1 < ranks:
+        dist.send(Y_next.contiguous(), dst=_global_rank(group, rank + 1), group=group)
+    final = Y_next if rank + 1 == ranks else torch.zeros_like(own)
+    if want_final:
+        dist.broadcast(final, src=_global_rank(group, ranks - 1), group=group)
+    return Y, final
+
+
+def _leaving_cotangent(L, decay, A_all, dfinal, group, exchange):
+    """dF_r, the cotangent of the state leaving this rank's piece, from every rank's cotangent of its
+    entering state without it (L_s): dY_R = dfinal (the sequence's final state's), dY_s = L_s +
+    exp(A_s) dY_{s+1}, dF_r = dY_{r+1}. "allgather": every rank gathers the L and runs the recursion;
+    "ring": rank r receives dY_{r+1} from rank r + 1 and sends dY_r to rank r - 1. Tensors [b, h, w]."""
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+    if exchange == "allgather":
+        L_all = _gather(L, group)
+        G = dfinal.clone()
+        for s in range(ranks - 1, rank, -1):
+            G = L_all[:, s] + torch.exp(A_all[:, s])[..., None] * G
+        return G
+    if rank + 1 == ranks:
+        G = dfinal
+    else:
+        G = torch.empty_like(L)
+        dist.recv(G, src=_global_rank(group, rank + 1), group=group)
+    if rank > 0:
+        dist.send((L + torch.exp(decay)[..., None] * G).contiguous(), dst=_global_rank(group, rank - 1), group=group)
+    return G
+
+
+class _ContextParallelPiece(torch.autograd.Function):
+    """One rank's piece of a sequence split across a process group: forward as docs/spec.md
+    "Context parallelism" (this piece's own final state, the exchange, the piece from its entering
+    state); backward in one power_attention_backward of the piece from its entering state whose
+    final-state cotangent arrives during the call (expanse_power_attention_backward_exchange): the
+    callback passes the entering states' cotangents between the ranks. Outputs o, then, with
+    opts["want_final"], the sequence's final S (and z where normalized)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, log_g, S0, z0, opts):
+        group, backend, normalize = opts["group"], opts["backend"], opts["normalize"]
+        rank = dist.get_rank(group)
+        b, t, h = k.shape[0], k.shape[1], k.shape[2]
+        c = _state_chunk(t, opts["chunk_size"])
+        # 1. This piece's final state from zero, F_r: its chunk states summed with their decays; and
+        # its total log decay A_r. Packed as [b, h, D e (+ D)] for the exchange.
+        X, Xz = _ops.update_state(k, v, log_g, p=opts["p"], chunk_size=c, layout=opts["layout"], backend=backend)
+        n, D, e = X.shape[1], X.shape[3], X.shape[4]
+        if log_g is None:
+            chunk_decay, decay = X.new_zeros((b, n, h)), X.new_zeros((b, h))
+        else:
+            padded = F.pad(log_g, (0, 0, 0, n * c - t))  # zeros past the last token: no decay
+            chunk_decay, decay = padded.view(b, n, c, h).sum(dim=2), log_g.sum(dim=1).to(X.dtype)
+        own = [_ops.discumsum(X, chunk_decay, backend=backend)[:, n].reshape(b, h, D * e)]
+        if normalize:
+            own.append(_ops.discumsum(Xz, chunk_decay, backend=backend)[:, n])
+        own = torch.cat(own, dim=2)
+        del X, Xz
+        initial = None
+        if S0 is not None:  # rank 0's counts; the others pass zeros
+            initial = [(S0 if rank == 0 else torch.zeros_like(S0)).to(own.dtype).reshape(b, h, D * e)]
+            if normalize:
+                initial.append((z0 if rank == 0 else torch.zeros_like(z0)).to(own.dtype))
+            initial = torch.cat(initial, dim=2)
+        # 2. The exchange: Y_0 the initial state, Y_{r+1} = exp(A_r) Y_r + F_r.
+        A_all = None
+        if opts["exchange"] == "allgather":
+            entering, final, A_all = _enter_by_allgather(own, decay, initial, group, backend)
+        else:
+            entering, final = _enter_by_ring(own, decay, initial, group, opts["want_final"])
+
+        def unpack(Y):  # [b, h, D e (+ D)] -> (S, z), contiguous as power_attention's own states are
+            return Y[..., :D * e].reshape(b, h, D, e).contiguous(), (Y[..., D * e:].contiguous() if normalize else None)
+
+        # 3. This piece from its entering state (rank 0's too, zero without an initial state: every
+        # rank's backward then reaches the exchange once).
+        S_e, z_e = unpack(entering)
+        o = _ops.power_attention(q, k, v, log_g, p=opts["p"], scale=opts["scale"], chunk_size=opts["chunk_size"],
+                                 normalize=normalize, initial_state=(S_e, z_e), layout=opts["layout"],
+                                 backend=backend)
+        ctx.save_for_backward(q, k, v, log_g, o, S_e, z_e, decay, A_all, S0, z0)
+        ctx.opts, ctx.De = opts, D * e
+        if not opts["want_final"]:
+            return o
+        S_f, z_f = unpack(final)
+        return (o, S_f, z_f) if normalize else (o, S_f)
+
+    @staticmethod
+    def backward(ctx, do, *dfinal_parts):
+        q, k, v, log_g, o, S_e, z_e, decay, A_all, S0, z0 = ctx.saved_tensors
+        opts, group, De = ctx.opts, ctx.opts["group"], ctx.De
+        rank, normalize = dist.get_rank(group), opts["normalize"]
+        b, h = S_e.shape[0], S_e.shape[1]
+        # The sequence's final state's cotangent: every rank returns that state, so its cotangent is
+        # the sum of the ranks' (each loss may take it from any rank).
+        dfinal = torch.zeros((b, h, De + (z_e.shape[2] if normalize else 0)), dtype=S_e.dtype, device=S_e.device)
+        if opts["want_final"]:
+            for part, (lo, hi) in zip(dfinal_parts, [(0, De), (De, dfinal.shape[2])]):
+                if part is not None:
+                    dfinal[..., lo:hi] = part.reshape(b, h, hi - lo).to(dfinal.dtype)
+            dist.all_reduce(dfinal, group=group)
+        L_S, dF_S = torch.empty_like(S_e), torch.empty_like(S_e)
+        L_z, dF_z = (torch.empty_like(z_e), torch.empty_like(z_e)) if normalize else (None, None)
+
+        def exchange(stream):  # L holds this piece's entering-state cotangent without dF: pass it on
+            L = torch.cat([L_S.reshape(b, h, De)] + ([L_z] if normalize else []), dim=2)
+            G = _leaving_cotangent(L, decay, A_all, dfinal, group, opts["exchange"])
+            dF_S.copy_(G[..., :De].reshape(dF_S.shape))
+            if normalize:
+                dF_z.copy_(G[..., De:])
+
+        dq, dk, dv, dlog_g = _ops._power_attention_backward_exchange(
+            q, k, v, log_g, o, do.contiguous(), initial_state=(S_e, z_e), dinitial=(L_S, L_z), dfinal=(dF_S, dF_z),
+            exchange=exchange, p=opts["p"], scale=opts["scale"], chunk_size=opts["chunk_size"], normalize=normalize,
+            layout=opts["layout"], backend=opts["backend"])
+        # L now holds the whole cotangent of this piece's entering state: rank 0's is the initial state's.
+        dS0 = dz0 = None
+        if S0 is not None:
+            dS0 = L_S.to(S0.dtype) if rank == 0 else torch.zeros_like(S0)
+            if z0 is not None:
+                dz0 = L_z.to(z0.dtype) if rank == 0 else torch.zeros_like(z0)
+        return dq, dk, dv, dlog_g, dS0, dz0, None
 
 
 def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, scale=None, chunk_size=None,
@@ -208,7 +283,10 @@ def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, sc
             dependent steps each way, each rank receiving one state).
         p, scale, chunk_size, normalize, layout, backend: as for expanse.power_attention. The
             piece's own state is summed by chunks of chunk_size tokens (128 for None or 0), doubled
-            until the piece has at most 256 of them (one D x e state each is kept for the backward).
+            until the piece has at most 256 of them (one D x e state each, while the forward runs).
+
+    The backward is one power_attention_backward of the piece from its entering state, whose
+    final-state cotangent the ranks pass on during the call (expanse_power_attention_backward_exchange).
 
     Returns:
         o for this rank's tokens; with output_final_state, (o, (S, z)) (z None unless normalize).
@@ -222,41 +300,10 @@ def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, sc
     if exchange not in EXCHANGES:
         raise InvalidArgumentError(f"context_parallel_power_attention: argument 'exchange' must be one of "
                                    f"{', '.join(EXCHANGES)}, got {exchange!r}")
-    rank = dist.get_rank(group)
-    b, t, h = k.shape[0], k.shape[1], k.shape[2]
-    c = _state_chunk(t, chunk_size)
-    # 1. This piece's final state from zero, F_r: its chunk states summed over the chunks with their
-    # decays; and its total log decay A_r. Packed as [b, h, D e (+ D)] for the exchange.
-    X, Xz = _ops.update_state(k, v, log_g, p=p, chunk_size=c, layout=layout, backend=backend)
-    n, D, e = X.shape[1], X.shape[3], X.shape[4]
-    if log_g is None:
-        chunk_decay, piece_decay = X.new_zeros((b, n, h)), X.new_zeros((b, h))
-    else:
-        padded = F.pad(log_g, (0, 0, 0, n * c - t))  # zeros past the last token: no decay
-        chunk_decay, piece_decay = padded.view(b, n, c, h).sum(dim=2), log_g.sum(dim=1).to(X.dtype)
-    own = [_ops.discumsum(X, chunk_decay, backend=backend)[:, n].reshape(b, h, D * e)]
-    if normalize:
-        own.append(_ops.discumsum(Xz, chunk_decay, backend=backend)[:, n])
-    own = torch.cat(own, dim=2)
-    initial = None
-    if initial_state is not None:  # rank 0's counts; the others pass zeros
-        S0, z0 = initial_state
-        initial = [(S0 if rank == 0 else torch.zeros_like(S0)).to(X.dtype).reshape(b, h, D * e)]
-        if normalize:
-            initial.append((z0 if rank == 0 else torch.zeros_like(z0)).to(X.dtype))
-        initial = torch.cat(initial, dim=2)
-    # 2. The exchange: the states entering this piece and leaving the last, Y_0 the initial state and
-    # Y_{r+1} = exp(A_r) Y_r + F_r.
-    if exchange == "allgather":
-        entering, final = _allgather_prefix(own, piece_decay, initial, group, backend)
-    else:
-        entering, final = _RingPass.apply(own, piece_decay, initial, group, output_final_state)
-
-    def unpack(Y):  # [b, h, D e (+ D)] -> (S, z), contiguous as power_attention's own states are
-        return Y[..., :D * e].reshape(b, h, D, e).contiguous(), (Y[..., D * e:].contiguous() if normalize else None)
-
-    # 3. This piece from its entering state (rank 0's too, zero without an initial state: every rank's
-    # backward then reaches the exchange once).
-    o = _ops.power_attention(q, k, v, log_g, p=p, scale=scale, chunk_size=chunk_size, normalize=normalize,
-                             initial_state=unpack(entering), layout=layout, backend=backend)
-    return (o, unpack(final)) if output_final_state else o
+    S0, z0 = initial_state if initial_state is not None else (None, None)
+    opts = {"group": group, "p": p, "scale": scale, "chunk_size": chunk_size, "normalize": bool(normalize),
+            "layout": layout, "backend": backend, "exchange": exchange, "want_final": bool(output_final_state)}
+    r = _ContextParallelPiece.apply(q, k, v, log_g, S0, z0 if normalize else None, opts)
+    if not output_final_state:
+        return r
+    return r[0], (r[1], r[2] if normalize else None)

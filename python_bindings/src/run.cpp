@@ -125,10 +125,30 @@ struct framework_workspace {
   }
 };
 
+// expanse_power_attention_backward_exchange's callback: a Python callable taking the stream, called
+// by the library from inside the call, where the GIL is released.
+struct python_exchange {
+  nb::object fn;
+  std::string error;
+  static int32_t call(void* stream, void* self) noexcept {
+    auto& x = *static_cast<python_exchange*>(self);
+    nb::gil_scoped_acquire gil;
+    try {
+      x.fn(reinterpret_cast<uintptr_t>(stream));
+      return 0;
+    } catch (const std::exception& e) {
+      x.error = e.what();
+      return 1;
+    }
+  }
+};
+
 nb::dict run(const std::string& op, const std::string& backend, int32_t device, int32_t device_type,
              uintptr_t stream, nb::dict inputs, nb::dict outputs, nb::callable allocate, nb::dict params,
-             bool check_finite) {
+             bool check_finite, nb::object exchange) {
   const expanse_op_kind kind = kind_of(op);
+  if (!exchange.is_none() && kind != EXPANSE_OP_POWER_ATTENTION_BACKWARD)
+    throw nb::value_error((op + ": only power_attention_backward takes an exchange").c_str());
   op_args args(kind);
   expanse_context* ctx = context_for(backend, device);
   // The contexts are cached and shared by every call of this thread: set the check on each call.
@@ -180,15 +200,21 @@ nb::dict run(const std::string& op, const std::string& backend, int32_t device, 
   check(expanse_context_set_stream(ctx, reinterpret_cast<void*>(stream)));
   framework_workspace workspace{allocate, keep, device_type};
   check(expanse_context_set_allocator(ctx, &framework_workspace::grow, &workspace));
+  python_exchange exchanging{exchange, {}};
   expanse_status st;
   {
     // One call: validation, the backend's choice, the workspace (from `allocate`) and the run. The
     // reference computes on oneTBB threads for as long as the problem takes: let other Python
     // threads run meanwhile. The arrays stay alive through `keep` and the caller's references.
     nb::gil_scoped_release release;
-    st = expanse_run(ctx, kind, args.get());
+    st = exchange.is_none()
+             ? expanse_run(ctx, kind, args.get())
+             : expanse_power_attention_backward_exchange(
+                   ctx, static_cast<const expanse_power_attention_backward_args*>(args.get()), &python_exchange::call,
+                   &exchanging);
   }
-  const std::string error = st == EXPANSE_OK ? std::string() : std::string(expanse_last_error());
+  std::string error = st == EXPANSE_OK ? std::string() : std::string(expanse_last_error());
+  if (!exchanging.error.empty()) error += " (the exchange raised: " + exchanging.error + ")";
   // The workspace belongs to the caller's framework and may be freed after this call: never leave
   // the allocator (which points at this frame) attached to the cached context.
   expanse_context_set_allocator(ctx, nullptr, nullptr);
@@ -223,11 +249,14 @@ nb::dict last_call() {
 void bind_run(nb::module_& m) {
   m.def("run", &run, nb::arg("op"), nb::arg("backend"), nb::arg("device"), nb::arg("device_type"),
         nb::arg("stream"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("allocate"), nb::arg("params"),
-        nb::arg("check_finite") = false,
+        nb::arg("check_finite") = false, nb::arg("exchange") = nb::none(),
         "Runs one operation. inputs: {name: array or None}; outputs: {name: array (written in place), or a "
         "dtype name ('' for the library's default) to allocate with allocate(shape, dtype) in the shape the "
         "library derives}; params: {name: value} by the op's parameter table. check_finite: scan the inputs "
-        "for NaN/Inf first (expanse_context_set_check_finite). Returns {name: array} of the outputs.");
+        "for NaN/Inf first (expanse_context_set_check_finite). exchange: for power_attention_backward, a "
+        "callable(stream) that expanse_power_attention_backward_exchange calls once dinitial holds the "
+        "initial state's cotangent without dfinal, and which must write dfinal. Returns {name: array} of the "
+        "outputs.");
   m.def("last_call", &last_call,
         "What the last run() of this thread passed to the library: op, backend, device, stream, "
         "workspace_bytes, the scalars (p, scale, chunk_size, normalize, layout, check_finite) and, per "
