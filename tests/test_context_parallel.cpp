@@ -256,3 +256,74 @@ TEST_CASE("power_attention_backward_exchange refuses a missing callback or cotan
           std::string::npos);
   });
 }
+
+namespace {
+
+// The forward's exchange: it keeps final_S as the call left it (the piece's state from zero) and only
+// then writes the initial state, which held NaN until then.
+struct forward_probe {
+  expanse_context* ctx;
+  const expanse_tensor *final_S, *initial_S, *initial_z;
+  const void *true_S, *true_z;  // the initial state to write, on the device
+  size_t bytes_S, bytes_z;
+  h::host_tensor seen;  // final_S at the callback
+  int calls = 0;
+};
+
+int32_t probe_forward_exchange(void*, void* user) {
+  forward_probe& p = *static_cast<forward_probe*>(user);
+  ++p.calls;
+  if (expanse_memcpy(p.ctx, p.seen.bytes.data(), p.final_S->data, p.seen.bytes.size(), EXPANSE_COPY_DEVICE_TO_HOST) ||
+      expanse_memcpy(p.ctx, p.initial_S->data, p.true_S, p.bytes_S, EXPANSE_COPY_DEVICE_TO_DEVICE) ||
+      (p.initial_z && expanse_memcpy(p.ctx, p.initial_z->data, p.true_z, p.bytes_z, EXPANSE_COPY_DEVICE_TO_DEVICE)))
+    return 1;
+  return expanse_synchronize(p.ctx) == EXPANSE_OK ? 0 : 1;
+}
+
+}  // namespace
+
+TEST_CASE("power_attention_exchange: the final state from zero at the callback, then o from the initial state") {
+  for (const expanse_backend_info& info : expanse::backends()) {
+    if (!info.available) continue;
+    expanse::context ctx(info.name);
+    const bool oracle = std::string(info.name) == "reference";
+    h::op_config cfg = forward_of(split_cases()[0].cfg);  // normalized, gated with resets, initial and final states
+    cfg.dtype = oracle ? EXPANSE_F64 : EXPANSE_F32;
+    const uint64_t seed = test_seed() + 300;
+    INFO("backend " << info.name << ", seed " << seed);
+    const h::tensor_map in = forward_inputs(h::make_inputs(cfg, seed));
+    h::tensor_map from_zero = in;  // the piece without its initial state
+    from_zero.erase("initial_S");
+    from_zero.erase("initial_z");
+    h::op_config cfg_zero = cfg;
+    cfg_zero.initial_state = false;
+    const h::tensor_map whole = h::run_on(ctx, cfg, in, oracle), zero = h::run_on(ctx, cfg_zero, from_zero, oracle);
+
+    h::prepared_run run(ctx, cfg, in, oracle);
+    forward_probe probe{};
+    run.call_with_args([&](void* args) {
+      auto a = *static_cast<const expanse_power_attention_args*>(args);
+      // The initial state moves to buffers of NaN that only the callback fills.
+      const size_t es = expanse_dtype_size(expanse_dtype(a.initial_S->dtype));
+      const size_t bytes_S =
+          size_t(a.initial_S->shape[0] * a.initial_S->shape[1] * a.initial_S->shape[2] * a.initial_S->shape[3]) * es;
+      const size_t bytes_z = size_t(a.initial_z->shape[0] * a.initial_z->shape[1] * a.initial_z->shape[2]) * es;
+      expanse::device_buffer nan_S(ctx.get(), bytes_S), nan_z(ctx.get(), bytes_z);
+      const std::vector<unsigned char> nans(std::max(bytes_S, bytes_z), 0xFF);  // NaN in f32 and f64
+      expanse::check(expanse_memcpy(ctx.get(), nan_S.data(), nans.data(), bytes_S, EXPANSE_COPY_HOST_TO_DEVICE));
+      expanse::check(expanse_memcpy(ctx.get(), nan_z.data(), nans.data(), bytes_z, EXPANSE_COPY_HOST_TO_DEVICE));
+      expanse_tensor S0 = *a.initial_S, z0 = *a.initial_z;
+      S0.data = nan_S.data(), z0.data = nan_z.data();
+      probe = {ctx.get(), a.final_S, &S0, &z0, a.initial_S->data, a.initial_z->data, bytes_S, bytes_z,
+               h::host_tensor::zeros(expanse_dtype(a.final_S->dtype), zero.at("final_S").shape)};
+      a.initial_S = &S0, a.initial_z = &z0;
+      expanse::check(expanse_power_attention_exchange(ctx.get(), &a, &probe_forward_exchange, &probe));
+      expanse::check(expanse_synchronize(ctx.get()));
+    });
+    CHECK(probe.calls == 1);
+    check_equal({{"final_S", probe.seen}}, {{"final_S", zero.at("final_S")}}, h::tolerance_for(cfg.dtype));
+    const h::tensor_map out = run.download();
+    check_equal({{"o", out.at("o")}}, {{"o", whole.at("o")}}, h::tolerance_for(cfg.dtype));
+    check_equal({{"final_S", out.at("final_S")}}, {{"final_S", zero.at("final_S")}}, h::tolerance_for(cfg.dtype));
+  }
+}

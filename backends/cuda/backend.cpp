@@ -87,8 +87,9 @@ expanse_status run(const expanse_op* op, const expanse_exec* exec, char* err, si
   return cuda_dispatcher().run(*op, props_of(exec->device), *exec, err, err_len);
 }
 
-// The one-pass form of expanse_power_attention_backward_exchange (backend.h).
-expanse_status backward_exchange(const expanse_op* op, const expanse_exec* exec, expanse_exchange_fn exchange,
+// The one-pass forms of expanse_power_attention_exchange and expanse_power_attention_backward_exchange
+// (backend.h): the chosen implementation's run_exchanging.
+expanse_status run_exchanging(const expanse_op* op, const expanse_exec* exec, expanse_exchange_fn exchange,
                                  void* user, char* err, size_t err_len) {
   const cudaError_t set = cudaSetDevice(exec->device);
   if (set != cudaSuccess) return cuda_failure(set, "cudaSetDevice", err, err_len);
@@ -130,7 +131,7 @@ expanse_status synchronize(int32_t device, void* stream, char* err, size_t err_l
 }
 
 // Extras by name: device timing with CUDA events, for `expanse bench`; the chunk size of
-// EXPANSE_CHUNK_AUTO (chunk_choice.cpp); the one-pass exchanging backward (backward_exchange above);
+// EXPANSE_CHUNK_AUTO (chunk_choice.cpp); the one-pass exchanging calls (run_exchanging above);
 // NCCL's all-gather where built with it.
 int timer_elapsed_ms(void* stream, void (*body)(void*), void* user, int reps, float* ms_out);
 
@@ -140,7 +141,8 @@ void* get_proc_address(const char* name) {
   if (std::strcmp(name, "expanse_nccl_allgather") == 0) return reinterpret_cast<void*>(&nccl_allgather);
 #endif
   if (std::strcmp(name, EXPANSE_CHOOSE_CHUNK_SIZE_PROC) == 0) return reinterpret_cast<void*>(&choose_chunk_size);
-  if (std::strcmp(name, EXPANSE_BACKWARD_EXCHANGE_PROC) == 0) return reinterpret_cast<void*>(&backward_exchange);
+  if (std::strcmp(name, EXPANSE_FORWARD_EXCHANGE_PROC) == 0 || std::strcmp(name, EXPANSE_BACKWARD_EXCHANGE_PROC) == 0)
+    return reinterpret_cast<void*>(&run_exchanging);
   return nullptr;
 }
 

@@ -136,7 +136,7 @@ expanse_status dispatcher::run(const expanse_op& op, const device_props& props, 
       return EXPANSE_ERROR_UNSUPPORTED;
     }
     if (exchange && !impl->run_exchanging) {
-      write_text(err, err_len, name_ + ": " + impl->name + " has no one-pass form of the exchanging backward");
+      write_text(err, err_len, name_ + ": " + impl->name + " has no one-pass exchanging form");
       return EXPANSE_ERROR_UNSUPPORTED;
     }
     // Size first, so a too-small workspace is reported before anything is enqueued.

@@ -91,8 +91,8 @@ struct launch_context {
   const void* prepared = nullptr;
 };
 
-// The callback of expanse_power_attention_backward_exchange (expanse.h): the final state's cotangent
-// arrives when it returns.
+// The callback of expanse_power_attention_exchange and expanse_power_attention_backward_exchange
+// (expanse.h): the initial state, or the final state's cotangent, arrives when it returns.
 struct exchange_call {
   expanse_exchange_fn fn;
   void* user;
@@ -107,9 +107,10 @@ struct implementation {
   std::string (*declines)(const expanse_op& op, const device_props& props);
   // Takes its workspace pieces, then (unless sizing) enqueues its kernels on the stream.
   void (*run)(const expanse_op& op, launch_context& lc);
-  // power_attention_backward's one-pass form with the exchange (backend.h's
-  // EXPANSE_BACKWARD_EXCHANGE_PROC): as run, reading dfinal only after calling the exchange (not in
-  // the sizing pass). Null where the implementation has none.
+  // The one-pass form of power_attention's or power_attention_backward's exchanging call (backend.h's
+  // EXPANSE_FORWARD_EXCHANGE_PROC, EXPANSE_BACKWARD_EXCHANGE_PROC): as run, reading what the exchange
+  // writes (initial state, dfinal) only after calling it once (not in the sizing pass). Null where
+  // the implementation has none.
   void (*run_exchanging)(const expanse_op& op, launch_context& lc, const exchange_call& exchange) = nullptr;
 };
 

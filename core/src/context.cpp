@@ -1,6 +1,8 @@
 // Contexts and dispatch: API -> validation -> the context's backend (supports, workspace, run).
 #include <algorithm>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "codes.hpp"
 #include "context_stream.hpp"
@@ -132,6 +134,40 @@ void run_op(expanse_context& c, int32_t kind, const void* args, const void* chec
   backend_call(c, expanse_op_name(op.kind), st, err);
 }
 
+// An exchanging call's arguments: the callback, the tensors it always needs and, normalized, the
+// normalizer's.
+void require_exchanged(const char* fn, expanse_exchange_fn exchange, int32_t normalize,
+                       std::initializer_list<std::pair<const expanse_tensor*, const char*>> always,
+                       std::initializer_list<std::pair<const expanse_tensor*, const char*>> normalized) {
+  if (!exchange) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument 'exchange' is NULL", fn);
+  for (const auto& [t, name] : always)
+    if (!t) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument '%s' is required", fn, name);
+  for (const auto& [t, name] : normalized)
+    if (!t && normalize == 1) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument '%s' is required when normalize=1", fn, name);
+}
+
+// A public call's status as an exception (inside guarded).
+void checked_call(expanse_status st) {
+  if (st != EXPANSE_OK) fail(st, "%s", expanse_last_error());
+}
+
+// The backend's one-pass form of an exchanging call (its extra `proc`), when it has one and the
+// implementation that takes the problem has such a form: true when it ran. checked_args: the
+// arguments without what the callback writes (the finite check reads them).
+bool run_exchanging(expanse_context& c, expanse_op_kind kind, const void* args, const void* checked_args,
+                    const char* proc, expanse_exchange_fn exchange, void* user) {
+  auto* one_pass = reinterpret_cast<expanse_run_exchanging_fn>(
+      table_of(c).get_proc_address ? table_of(c).get_proc_address(proc) : nullptr);
+  if (!one_pass) return false;
+  bool ran = false;
+  run_op(c, kind, args, checked_args, [&](const expanse_op& op, const expanse_exec& exec, char* err, size_t n) {
+    const expanse_status st = one_pass(&op, &exec, exchange, user, err, n);
+    ran = st != EXPANSE_ERROR_UNSUPPORTED;  // declined before any work: the caller composes other calls
+    return ran ? st : EXPANSE_OK;
+  });
+  return ran;
+}
+
 }  // namespace
 
 extern "C" {
@@ -250,6 +286,38 @@ EXPANSE_API expanse_status expanse_run(expanse_context* ctx, expanse_op_kind kin
   });
 }
 
+EXPANSE_API expanse_status expanse_power_attention_exchange(expanse_context* ctx, const expanse_power_attention_args* a,
+                                                            expanse_exchange_fn exchange, void* user) {
+  return guarded([&] {
+    const char* fn = "power_attention_exchange";
+    expanse_context& c = checked(ctx);
+    if (!a) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument 'a' is NULL", fn);
+    require_exchanged(fn, exchange, a->normalize, {{a->initial_S, "initial_S"}, {a->final_S, "final_S"}},
+                      {{a->initial_z, "initial_z"}, {a->final_z, "final_z"}});
+    // The arguments whose values exist before the callback: no initial state yet.
+    expanse_power_attention_args without = *a;
+    without.initial_S = without.initial_z = nullptr;
+    if (run_exchanging(c, EXPANSE_OP_POWER_ATTENTION, a, &without, EXPANSE_FORWARD_EXCHANGE_PROC, exchange, user))
+      return;
+    // Two calls: the piece's final state from zero (sequence_state, by chunks of the forward's size,
+    // at most 256 of them), the exchange, then the piece from the initial state.
+    int64_t chunk = 0;
+    checked_call(expanse_resolved_chunk_size(ctx, a, &chunk));
+    const int64_t t = a->k->shape[1];
+    chunk = chunk > 0 ? chunk : 128;
+    while ((t + chunk - 1) / chunk > 256) chunk *= 2;
+    expanse_sequence_state_args own;
+    expanse_sequence_state_args_init(&own);
+    own.k = a->k, own.v = a->v, own.log_g = a->log_g, own.S = a->final_S, own.z = a->final_z;
+    own.p = a->p, own.chunk_size = chunk, own.layout = a->layout;
+    checked_call(expanse_sequence_state(ctx, &own));
+    if (exchange(c.stream, user) != 0) fail(EXPANSE_ERROR_INTERNAL, "%s: the exchange callback failed", fn);
+    expanse_power_attention_args piece = *a;
+    piece.final_S = piece.final_z = nullptr;
+    checked_call(expanse_power_attention(ctx, &piece));
+  });
+}
+
 EXPANSE_API expanse_status expanse_power_attention_backward_exchange(expanse_context* ctx,
                                                                      const expanse_power_attention_backward_args* a,
                                                                      expanse_exchange_fn exchange, void* user) {
@@ -257,37 +325,19 @@ EXPANSE_API expanse_status expanse_power_attention_backward_exchange(expanse_con
     const char* fn = "power_attention_backward_exchange";
     expanse_context& c = checked(ctx);
     if (!a) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument 'a' is NULL", fn);
-    if (!exchange) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument 'exchange' is NULL", fn);
-    auto require = [&](const expanse_tensor* t, const char* name, bool normalizer) {
-      if (!t && (!normalizer || a->normalize == 1))
-        fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument '%s' is required%s", fn, name,
-             normalizer ? " when normalize=1" : "");
-    };
-    require(a->initial_S, "initial_S", false), require(a->dinitial_S, "dinitial_S", false);
-    require(a->dfinal_S, "dfinal_S", false), require(a->initial_z, "initial_z", true);
-    require(a->dinitial_z, "dinitial_z", true), require(a->dfinal_z, "dfinal_z", true);
+    require_exchanged(fn, exchange, a->normalize,
+                      {{a->initial_S, "initial_S"}, {a->dinitial_S, "dinitial_S"}, {a->dfinal_S, "dfinal_S"}},
+                      {{a->initial_z, "initial_z"}, {a->dinitial_z, "dinitial_z"}, {a->dfinal_z, "dfinal_z"}});
     // The first pass's arguments: no final-state cotangent (the finite check reads these, as dfinal
     // holds nothing yet).
     expanse_power_attention_backward_args without = *a;
     without.dfinal_S = without.dfinal_z = nullptr;
-    auto* one_pass = reinterpret_cast<expanse_backward_exchange_fn>(
-        table_of(c).get_proc_address ? table_of(c).get_proc_address(EXPANSE_BACKWARD_EXCHANGE_PROC) : nullptr);
-    bool ran = false;
-    if (one_pass)
-      run_op(c, EXPANSE_OP_POWER_ATTENTION_BACKWARD, a, &without,
-             [&](const expanse_op& op, const expanse_exec& exec, char* err, size_t n) {
-               const expanse_status st = one_pass(&op, &exec, exchange, user, err, n);
-               ran = st != EXPANSE_ERROR_UNSUPPORTED;  // declined before any work: two passes below
-               return ran ? st : EXPANSE_OK;
-             });
-    if (ran) return;
-    auto pass = [&](const expanse_power_attention_backward_args& args) {
-      const expanse_status st = expanse_power_attention_backward(ctx, &args);
-      if (st != EXPANSE_OK) fail(st, "%s", expanse_last_error());
-    };
-    pass(without);  // dinitial without dfinal
+    if (run_exchanging(c, EXPANSE_OP_POWER_ATTENTION_BACKWARD, a, &without, EXPANSE_BACKWARD_EXCHANGE_PROC, exchange,
+                       user))
+      return;
+    checked_call(expanse_power_attention_backward(ctx, &without));  // dinitial without dfinal
     if (exchange(c.stream, user) != 0) fail(EXPANSE_ERROR_INTERNAL, "%s: the exchange callback failed", fn);
-    pass(*a);
+    checked_call(expanse_power_attention_backward(ctx, a));
   });
 }
 

@@ -4,7 +4,9 @@
 // [b,h,D] where normalized, then its total log decay A [b,h], so that strided views of it are
 // discumsum's X and A over the rank axis directly (and S, z, A are disjoint outputs of sequence_state).
 #include <cmath>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "context_stream.hpp"
@@ -161,6 +163,16 @@ void require_contiguous(const char* fn, const char* name, const expanse_tensor* 
   }
 }
 
+// The exchange carries z only where it is normalized: an unnormalized call's z states (which do not
+// change its outputs) are refused rather than left wrong.
+void refuse_z_unnormalized(const char* fn, int32_t normalize,
+                           std::initializer_list<std::pair<const expanse_tensor*, const char*>> zs) {
+  if (normalize == 1) return;
+  for (const auto& [t, name] : zs)
+    if (t) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument '%s' needs normalize=1 here (the ranks exchange z only then)",
+                fn, name);
+}
+
 int64_t chunk_for_states(expanse_context* ctx, const expanse_power_attention_args& a) {
   int64_t c = 0;
   call(expanse_resolved_chunk_size(ctx, &a, &c));
@@ -226,10 +238,14 @@ int32_t exchange_cotangents(void* stream, void* user) {
     call(expanse_memcpy(e.ctx, e.dF, G.data(), slot_bytes, EXPANSE_COPY_HOST_TO_DEVICE));
     call(expanse_synchronize(e.ctx));  // G is freed at return
     return 0;
+  } catch (const api_error& ex) {  // nothing may leave a C callback (it unwinds through the backend)
+    e.failure = ex.message;
   } catch (const std::exception& ex) {
     e.failure = ex.what();
-    return 1;
+  } catch (...) {
+    e.failure = "an unknown exception";
   }
+  return 1;
 }
 
 }  // namespace
@@ -246,6 +262,7 @@ EXPANSE_API expanse_status expanse_context_parallel_power_attention(expanse_cont
     call(expanse_supports(ctx, EXPANSE_OP_POWER_ATTENTION, a, nullptr, 0));  // validates the piece
     require_contiguous(fn, "final_S", a->final_S);
     require_contiguous(fn, "final_z", a->final_z);
+    refuse_z_unnormalized(fn, a->normalize, {{a->initial_z, "initial_z"}, {a->final_z, "final_z"}});
     const layout_of_exchange x = exchange_layout(*cp, *a->k, *a->v, a->p, a->layout, a->normalize != 0);
     entering_states st(ctx, x);
     exchange_states(ctx, *cp, x, *a->k, *a->v, a->log_g, a->p, chunk_for_states(ctx, *a), a->layout, a->initial_S,
@@ -276,6 +293,8 @@ EXPANSE_API expanse_status expanse_context_parallel_power_attention_backward(
     require_contiguous(fn, "dfinal_z", a->dfinal_z);
     require_contiguous(fn, "dinitial_S", a->dinitial_S);
     require_contiguous(fn, "dinitial_z", a->dinitial_z);
+    refuse_z_unnormalized(fn, a->normalize, {{a->initial_z, "initial_z"}, {a->dfinal_z, "dfinal_z"},
+                                             {a->dinitial_z, "dinitial_z"}});
     expanse_power_attention_args fwd;  // the forward of the piece, for the chunk size of its states
     expanse_power_attention_args_init(&fwd);
     fwd.q = a->q, fwd.k = a->k, fwd.v = a->v, fwd.log_g = a->log_g;
@@ -307,8 +326,9 @@ EXPANSE_API expanse_status expanse_context_parallel_power_attention_backward(
     piece.dfinal_S = &dFS;
     piece.dfinal_z = x.normalize ? &dFz : nullptr;
     cotangent_exchange ex{ctx, cp, &x, &st, a, send.ptr, cot.ptr, dF.ptr, {}};
-    call(expanse_power_attention_backward_exchange(ctx, &piece, &exchange_cotangents, &ex));
-    if (!ex.failure.empty()) fail(EXPANSE_ERROR_INTERNAL, "%s", ex.failure.c_str());
+    const expanse_status st_bwd = expanse_power_attention_backward_exchange(ctx, &piece, &exchange_cotangents, &ex);
+    if (!ex.failure.empty()) fail(EXPANSE_ERROR_INTERNAL, "%s: %s", fn, ex.failure.c_str());
+    call(st_bwd);
 
     // The sequence's initial state is rank 0's entering state: its cotangent is L_0 with dF_0 (which
     // the backward left in `send`); the other ranks' is zero.

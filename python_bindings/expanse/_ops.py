@@ -215,6 +215,21 @@ def power_attention_backward(q, k, v, log_g, do, *, p=2, scale=None, chunk_size=
     return grads
 
 
+def _power_attention_exchange(q, k, v, log_g, *, initial, final, exchange, p, scale, chunk_size, normalize, layout,
+                              backend):
+    """power_attention whose initial state arrives during the call (expanse_power_attention_exchange,
+    docs/spec.md "Context parallelism"): final (S, z) receives the piece's final state from zero; then
+    exchange(stream) must write initial (S, z) in place; then o comes from that initial state. z parts
+    are None unless normalize. Returns o."""
+    op = "power_attention"
+    r = _call(op, {"q": q, "k": k, "v": v, "log_g": log_g, "initial_S": initial[0], "initial_z": initial[1]},
+              {"o": ""}, in_place={"final_S": final[0], "final_z": final[1]}, exchange=exchange, backend=backend,
+              required=("q", "k", "v"), check_finite=None, p=p, scale=_params.scale(op, scale),
+              chunk_size=_params.auto_chunk_size(op, chunk_size), normalize=normalize,
+              layout=_params.layout(op, layout))
+    return r["o"]
+
+
 def _power_attention_backward_exchange(q, k, v, log_g, o, do, *, initial_state, dinitial, dfinal, exchange, p,
                                        scale, chunk_size, normalize, layout, backend):
     """power_attention_backward whose final-state cotangent arrives during the call

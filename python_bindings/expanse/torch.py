@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import _ops, _params
+from . import expanded_dim as _expanded_dim
 from ._errors import InvalidArgumentError
 
 
@@ -81,21 +82,7 @@ class PowerAttention(torch.nn.Module):
         return (y, state) if output_final_state else y
 
 
-# A piece's own final state is summed by update_state chunks, each a D x e state (f32) while the
-# forward runs: 35 GB at P1 for 1M tokens in chunks of 128. Bounding their number bounds that memory;
-# the sum does not depend on the chunking beyond rounding.
-_MAX_STATE_CHUNKS = 256
-
 EXCHANGES = ("allgather", "ring")
-
-
-def _state_chunk(t, chunk_size):
-    """The chunk size of a piece of t tokens' state: chunk_size (128 for None or 0), doubled until
-    the piece has at most _MAX_STATE_CHUNKS chunks."""
-    c = chunk_size if chunk_size is not None and chunk_size > 0 else _params.DEFAULT_CHUNK
-    while -(-t // c) > _MAX_STATE_CHUNKS:
-        c *= 2
-    return c
 
 
 def _global_rank(group, rank):
@@ -110,17 +97,21 @@ def _gather(x, group):
     return torch.stack(parts, dim=1)
 
 
-def _enter_by_allgather(own, decay, initial, group, backend):
+def _enter_by_allgather(own, decay, initial, group):
     """The states entering this rank's piece and leaving the last, from one all-gather of every
     rank's own final state F_r and total log decay A_r (and rank 0's initial state): Y_0 = initial,
-    Y_{r+1} = exp(A_r) Y_r + F_r, by discumsum over the ranks. Tensors [b, h, w]; returns (Y_r, Y_R,
-    every rank's A [b, R, h])."""
+    Y_{r+1} = exp(A_r) Y_r + F_r. Tensors [b, h, w]; returns (Y_r, Y_R, every rank's A [b, R, h])."""
     parts = [own, decay[..., None]] + ([initial] if initial is not None else [])
     widths = [x.shape[2] for x in parts]
     gathered = _gather(torch.cat(parts, dim=2), group).split(widths, dim=3)  # each [b, R, h, w]
-    F_all, A_all = gathered[0], gathered[1][..., 0]
-    Y = _ops.discumsum(F_all, A_all, gathered[2][:, 0] if initial is not None else None, backend=backend)
-    return Y[:, dist.get_rank(group)], Y[:, Y.shape[1] - 1], A_all
+    F_all, A_all = gathered[0], gathered[1][..., 0].clone()  # A_all is kept for the backward, not the rest
+    Y = gathered[2][:, 0].clone() if initial is not None else torch.zeros_like(own)
+    entering = None
+    for s in range(F_all.shape[1]):
+        if s == dist.get_rank(group):
+            entering = Y
+        Y = torch.exp(A_all[:, s])[..., None] * Y + F_all[:, s]
+    return entering, Y, A_all
 
 
 def _enter_by_ring(own, decay, initial, group, want_final):
@@ -173,52 +164,45 @@ class _ContextParallelPiece(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, log_g, S0, z0, opts):
-        group, backend, normalize = opts["group"], opts["backend"], opts["normalize"]
+        group, normalize = opts["group"], opts["normalize"]
         rank = dist.get_rank(group)
-        b, t, h = k.shape[0], k.shape[1], k.shape[2]
-        c = _state_chunk(t, opts["chunk_size"])
-        # 1. This piece's final state from zero, F_r: its chunk states summed with their decays; and
-        # its total log decay A_r. Packed as [b, h, D e (+ D)] for the exchange.
-        X, Xz = _ops.update_state(k, v, log_g, p=opts["p"], chunk_size=c, layout=opts["layout"], backend=backend)
-        n, D, e = X.shape[1], X.shape[3], X.shape[4]
-        if log_g is None:
-            chunk_decay, decay = X.new_zeros((b, n, h)), X.new_zeros((b, h))
-        else:
-            padded = F.pad(log_g, (0, 0, 0, n * c - t))  # zeros past the last token: no decay
-            chunk_decay, decay = padded.view(b, n, c, h).sum(dim=2), log_g.sum(dim=1).to(X.dtype)
-        own = [_ops.discumsum(X, chunk_decay, backend=backend)[:, n].reshape(b, h, D * e)]
-        if normalize:
-            own.append(_ops.discumsum(Xz, chunk_decay, backend=backend)[:, n])
-        own = torch.cat(own, dim=2)
-        del X, Xz
+        b, h, d, e = k.shape[0], k.shape[2], k.shape[3], v.shape[3]
+        De = _expanded_dim(d, p=opts["p"], layout=opts["layout"]) * e
+        sd = torch.float64 if q.dtype == torch.float64 else torch.float32  # the states' dtype
+        state = lambda: torch.empty((b, h, De // e, e), dtype=sd, device=k.device)  # noqa: E731
+        normalizer = lambda: torch.empty((b, h, De // e), dtype=sd, device=k.device) if normalize else None  # noqa: E731
+        F_S, F_z, S_e, z_e = state(), normalizer(), state(), normalizer()
+        decay = log_g.sum(dim=1).to(sd) if log_g is not None else torch.zeros((b, h), dtype=sd, device=k.device)
         initial = None
         if S0 is not None:  # rank 0's counts; the others pass zeros
-            initial = [(S0 if rank == 0 else torch.zeros_like(S0)).to(own.dtype).reshape(b, h, D * e)]
+            initial = [(S0 if rank == 0 else torch.zeros_like(S0)).to(sd).reshape(b, h, De)]
             if normalize:
-                initial.append((z0 if rank == 0 else torch.zeros_like(z0)).to(own.dtype))
+                initial.append((z0 if rank == 0 else torch.zeros_like(z0)).to(sd))
             initial = torch.cat(initial, dim=2)
-        # 2. The exchange: Y_0 the initial state, Y_{r+1} = exp(A_r) Y_r + F_r.
-        A_all = None
-        if opts["exchange"] == "allgather":
-            entering, final, A_all = _enter_by_allgather(own, decay, initial, group, backend)
-        else:
-            entering, final = _enter_by_ring(own, decay, initial, group, opts["want_final"])
+        held = {}
 
-        def unpack(Y):  # [b, h, D e (+ D)] -> (S, z), contiguous as power_attention's own states are
-            return Y[..., :D * e].reshape(b, h, D, e).contiguous(), (Y[..., D * e:].contiguous() if normalize else None)
+        def exchange(stream):  # F holds this piece's own final state: pass it on, take the entering one
+            own = torch.cat([F_S.reshape(b, h, De)] + ([F_z] if normalize else []), dim=2)
+            if opts["exchange"] == "allgather":
+                entering, held["final"], held["A_all"] = _enter_by_allgather(own, decay, initial, group)
+            else:
+                entering, held["final"] = _enter_by_ring(own, decay, initial, group, opts["want_final"])
+            S_e.copy_(entering[..., :De].reshape(S_e.shape))
+            if normalize:
+                z_e.copy_(entering[..., De:])
 
-        # 3. This piece from its entering state (rank 0's too, zero without an initial state: every
-        # rank's backward then reaches the exchange once).
-        S_e, z_e = unpack(entering)
-        o = _ops.power_attention(q, k, v, log_g, p=opts["p"], scale=opts["scale"], chunk_size=opts["chunk_size"],
-                                 normalize=normalize, initial_state=(S_e, z_e), layout=opts["layout"],
-                                 backend=backend)
-        ctx.save_for_backward(q, k, v, log_g, o, S_e, z_e, decay, A_all, S0, z0)
-        ctx.opts, ctx.De = opts, D * e
+        # One call: the piece's own final state (F), the exchange, the piece from its entering state
+        # (rank 0's too, zero without an initial state: every rank's backward reaches the exchange).
+        o = _ops._power_attention_exchange(q, k, v, log_g, initial=(S_e, z_e), final=(F_S, F_z), exchange=exchange,
+                                           p=opts["p"], scale=opts["scale"], chunk_size=opts["chunk_size"],
+                                           normalize=normalize, layout=opts["layout"], backend=opts["backend"])
+        ctx.save_for_backward(q, k, v, log_g, o, S_e, z_e, decay, held.get("A_all"), S0, z0)
+        ctx.opts, ctx.De = opts, De
         if not opts["want_final"]:
             return o
-        S_f, z_f = unpack(final)
-        return (o, S_f, z_f) if normalize else (o, S_f)
+        final = held["final"]
+        S_f = final[..., :De].reshape(S_e.shape).contiguous()
+        return (o, S_f, final[..., De:].contiguous()) if normalize else (o, S_f)
 
     @staticmethod
     def backward(ctx, do, *dfinal_parts):
@@ -281,12 +265,11 @@ def context_parallel_power_attention(q, k, v, log_g=None, *, group=None, p=2, sc
         exchange: "allgather" (one collective each way; every rank combines all the states before
             it) or "ring" (rank r waits for rank r - 1's entering state and passes its own on: R - 1
             dependent steps each way, each rank receiving one state).
-        p, scale, chunk_size, normalize, layout, backend: as for expanse.power_attention. The
-            piece's own state is summed by chunks of chunk_size tokens (128 for None or 0), doubled
-            until the piece has at most 256 of them (one D x e state each, while the forward runs).
+        p, scale, chunk_size, normalize, layout, backend: as for expanse.power_attention.
 
-    The backward is one power_attention_backward of the piece from its entering state, whose
-    final-state cotangent the ranks pass on during the call (expanse_power_attention_backward_exchange).
+    Forward and backward are one call each per rank, during which the ranks pass on states
+    (expanse_power_attention_exchange: the piece's own final state out, its entering state in) and
+    their cotangents (expanse_power_attention_backward_exchange).
 
     Returns:
         o for this rank's tokens; with output_final_state, (o, (S, z)) (z None unless normalize).

@@ -147,8 +147,8 @@ nb::dict run(const std::string& op, const std::string& backend, int32_t device, 
              uintptr_t stream, nb::dict inputs, nb::dict outputs, nb::callable allocate, nb::dict params,
              bool check_finite, nb::object exchange) {
   const expanse_op_kind kind = kind_of(op);
-  if (!exchange.is_none() && kind != EXPANSE_OP_POWER_ATTENTION_BACKWARD)
-    throw nb::value_error((op + ": only power_attention_backward takes an exchange").c_str());
+  if (!exchange.is_none() && kind != EXPANSE_OP_POWER_ATTENTION && kind != EXPANSE_OP_POWER_ATTENTION_BACKWARD)
+    throw nb::value_error((op + ": only power_attention and its backward take an exchange").c_str());
   op_args args(kind);
   expanse_context* ctx = context_for(backend, device);
   // The contexts are cached and shared by every call of this thread: set the check on each call.
@@ -207,11 +207,15 @@ nb::dict run(const std::string& op, const std::string& backend, int32_t device, 
     // reference computes on oneTBB threads for as long as the problem takes: let other Python
     // threads run meanwhile. The arrays stay alive through `keep` and the caller's references.
     nb::gil_scoped_release release;
-    st = exchange.is_none()
-             ? expanse_run(ctx, kind, args.get())
-             : expanse_power_attention_backward_exchange(
-                   ctx, static_cast<const expanse_power_attention_backward_args*>(args.get()), &python_exchange::call,
-                   &exchanging);
+    if (exchange.is_none())
+      st = expanse_run(ctx, kind, args.get());
+    else if (kind == EXPANSE_OP_POWER_ATTENTION)
+      st = expanse_power_attention_exchange(ctx, static_cast<const expanse_power_attention_args*>(args.get()),
+                                            &python_exchange::call, &exchanging);
+    else
+      st = expanse_power_attention_backward_exchange(
+          ctx, static_cast<const expanse_power_attention_backward_args*>(args.get()), &python_exchange::call,
+          &exchanging);
   }
   std::string error = st == EXPANSE_OK ? std::string() : std::string(expanse_last_error());
   if (!exchanging.error.empty()) error += " (the exchange raised: " + exchanging.error + ")";
@@ -253,10 +257,10 @@ void bind_run(nb::module_& m) {
         "Runs one operation. inputs: {name: array or None}; outputs: {name: array (written in place), or a "
         "dtype name ('' for the library's default) to allocate with allocate(shape, dtype) in the shape the "
         "library derives}; params: {name: value} by the op's parameter table. check_finite: scan the inputs "
-        "for NaN/Inf first (expanse_context_set_check_finite). exchange: for power_attention_backward, a "
-        "callable(stream) that expanse_power_attention_backward_exchange calls once dinitial holds the "
-        "initial state's cotangent without dfinal, and which must write dfinal. Returns {name: array} of the "
-        "outputs.");
+        "for NaN/Inf first (expanse_context_set_check_finite). exchange: for power_attention and its backward, a "
+        "callable(stream) that expanse_power_attention_exchange calls once final_S/z hold the final state from "
+        "zero (it must write initial_S/z), and expanse_power_attention_backward_exchange once dinitial holds the "
+        "initial state's cotangent without dfinal (it must write dfinal). Returns {name: array} of the outputs.");
   m.def("last_call", &last_call,
         "What the last run() of this thread passed to the library: op, backend, device, stream, "
         "workspace_bytes, the scalars (p, scale, chunk_size, normalize, layout, check_finite) and, per "

@@ -57,4 +57,22 @@ __global__ void discumsum_kernel(expanse_tensor X, expanse_tensor A, expanse_ten
   }
 }
 
+// After a scan from zero (expanse_power_attention_exchange: the initial state arrives later), its share
+// of the state entering each chunk: Y_m += exp(A_0 + ... + A_{m-1}) init, in place, one thread per
+// (batch, head, element); init has Y's rank with a size-1 chunk axis, A may be absent (no decay).
+[[maybe_unused]] static __global__ void add_initial_kernel(expanse_tensor Y, expanse_tensor A, expanse_tensor init,
+                                                           int64_t n, int64_t elems) {
+  const int64_t b = Y.shape[0], h = Y.shape[2];
+  EXPANSE_GRID_LOOP(i, b * h * elems) {
+    const int64_t elem = i % elems, head = (i / elems) % h, batch = i / (elems * h);
+    float cur = *ptrf(init, batch * init.strides[0] + head * init.strides[2] + trailing_offset(Y, init, elem));
+    if (cur == 0.f) continue;
+    float* ys = ptrf(Y, batch * Y.strides[0] + head * Y.strides[2] + trailing_offset(Y, Y, elem));
+    for (int64_t m = 0; m < n; ++m) {
+      ys[m * Y.strides[1]] += cur;
+      if (A.data) cur *= expf(*ptrf(A, off3(A, batch, m, head)));
+    }
+  }
+}
+
 }  // namespace expanse_gpu

@@ -67,6 +67,16 @@ void discumsum_scan_run(const expanse_op& op, launch_context& lc) {
   launch_discumsum(*a.X, A, with_chunk_axis(a.Y_init), *a.Y, last, pb.n, pb.input_dtype, lc.stream);
 }
 
+void launch_add_initial(const expanse_tensor& Y, const expanse_tensor& A, const expanse_tensor& init, int64_t n,
+                        stream_t stream) {
+  int64_t elems = 1;
+  for (int dim = 3; dim < Y.ndim; ++dim) elems *= Y.shape[dim];
+  const int64_t work = Y.shape[0] * Y.shape[2] * elems;
+  if (work == 0) return;
+  add_initial_kernel<<<grid_for(work, 256), 256, 0, stream>>>(Y, A, with_chunk_axis(&init), n, elems);
+  check_launch("add initial state");
+}
+
 // discumsum_backward: Y recomputed per element into the workspace, then the reverse scan
 // (gpu/kernels/backward_simple.hpp); dA summed in the workspace and copied out.
 std::string discumsum_backward_simple_declines(const expanse_op& op, const device_props&) {

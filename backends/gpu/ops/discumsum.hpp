@@ -14,4 +14,9 @@ struct discumsum_step_args {
   const expanse_tensor* final_state;
 };
 
+// Y [b,n,h,...] f32 (states entering each chunk, scanned from zero) += the initial state init
+// [b,h,...] decayed to each chunk by A [b,n,h] (empty: no decay): add_initial_kernel.
+void launch_add_initial(const expanse_tensor& Y, const expanse_tensor& A, const expanse_tensor& init, int64_t n,
+                        stream_t stream);
+
 }  // namespace expanse_gpu

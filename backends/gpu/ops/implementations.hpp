@@ -20,8 +20,15 @@ EXPANSE_GPU_IMPLEMENTATION(update_state_simple, "simple")
 EXPANSE_GPU_IMPLEMENTATION(discumsum_scan, "scan")
 EXPANSE_GPU_IMPLEMENTATION(query_state_simple, "simple")
 EXPANSE_GPU_IMPLEMENTATION(chunk_attention_simple, "simple")
-// The chunked algorithm composed of the operations above, each step through the backend's list.
-EXPANSE_GPU_IMPLEMENTATION(power_attention_chunked, "chunked")
+// The chunked algorithm composed of the operations above, each step through the backend's list; with
+// the exchanging form of expanse_power_attention_exchange.
+std::string power_attention_chunked_declines(const expanse_op& op, const expanse_sdk::device_props& props);
+void power_attention_chunked_run(const expanse_op& op, expanse_sdk::launch_context& lc);
+void power_attention_chunked_run_exchanging(const expanse_op& op, expanse_sdk::launch_context& lc,
+                                            const expanse_sdk::exchange_call& exchange);
+inline constexpr expanse_sdk::implementation power_attention_chunked{
+    "chunked", expanse_sdk::any_device, power_attention_chunked_declines, power_attention_chunked_run,
+    power_attention_chunked_run_exchanging};
 EXPANSE_GPU_IMPLEMENTATION(power_attention_step_fused, "fused")
 // The gradients, with the forward states made by the lists above.
 EXPANSE_GPU_IMPLEMENTATION(power_attention_backward_simple, "simple")

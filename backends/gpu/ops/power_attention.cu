@@ -3,11 +3,13 @@
 //   2. update_state -> per-chunk states; discumsum in place     states entering each chunk, final state
 //   3. query_state with the intra terms -> o                    inter-chunk terms, combined, normalized
 // The quadratic form is the same with one chunk (c = t): step 2 then only runs for an initial or
-// final state. Each step runs through its operation's implementation list (the fastest that takes
+// final state. Exchanging (expanse_power_attention_exchange), step 2 scans from zero into the final
+// state, the callback brings the initial state, whose decayed share is then added to every chunk's. Each step runs through its operation's implementation list (the fastest that takes
 // the step's problem; EXPANSE_<BACKEND>_SKIP and _VERBOSE apply), on the phi table and gate
 // sums made once here for all of them.
 #include "gpu/ops/chunk_states.hpp"
 #include "gpu/ops/common.hpp"
+#include "gpu/ops/discumsum.hpp"
 #include "gpu/ops/implementations.hpp"
 
 namespace expanse_gpu {
@@ -28,7 +30,9 @@ std::string power_attention_chunked_declines(const expanse_op& op, const device_
   return why;
 }
 
-void power_attention_chunked_run(const expanse_op& op, launch_context& lc) {
+namespace {
+
+void run_chunked(const expanse_op& op, launch_context& lc, const expanse_sdk::exchange_call* exchange) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_args>(op);
   const expanse_tensor& dev = *a.q;  // the device of the workspace views
@@ -57,8 +61,16 @@ void power_attention_chunked_run(const expanse_op& op, launch_context& lc) {
 
   // 2. States entering each chunk (and the final state).
   if (need_states)
-    run_chunk_states(pb, {a.k, a.v, a.log_g, S, z, a.initial_S, a.initial_z, a.final_S, a.final_z}, shared, lc,
-                     kUpdateState);
+    run_chunk_states(pb, {a.k, a.v, a.log_g, S, z, exchange ? nullptr : a.initial_S, exchange ? nullptr : a.initial_z,
+                          a.final_S, a.final_z},
+                     shared, lc, kUpdateState);
+  if (exchange && !lc.ws.sizing()) {
+    if (exchange->fn(lc.stream.raw, exchange->user) != 0)
+      throw std::runtime_error("power_attention: the exchange callback failed");
+    const expanse_tensor A = shared.g.total ? totals_view(shared.g, pb, *a.k) : expanse_tensor{};
+    launch_add_initial(S, A, *a.initial_S, pb.n, lc.stream);
+    if (z.data && a.initial_z) launch_add_initial(z, A, *a.initial_z, pb.n, lc.stream);
+  }
 
   // 3. Inter-chunk terms combined with the intra-chunk ones.
   expanse_query_state_args qs{a.q,  S.data ? &S : nullptr, z.data ? &z : nullptr, a.log_g, &y, &l, &rowmax, a.o,
@@ -66,6 +78,15 @@ void power_attention_chunked_run(const expanse_op& op, launch_context& lc) {
   expanse_problem qs_pb = step_problem(pb, pb.input_dtype, pb.output_dtype);
   qs_pb.has_intra = 1;
   run_step(EXPANSE_OP_QUERY_STATE, &qs, qs_pb, kQueryState);
+}
+
+}  // namespace
+
+void power_attention_chunked_run(const expanse_op& op, launch_context& lc) { run_chunked(op, lc, nullptr); }
+
+void power_attention_chunked_run_exchanging(const expanse_op& op, launch_context& lc,
+                                            const expanse_sdk::exchange_call& exchange) {
+  run_chunked(op, lc, &exchange);
 }
 
 }  // namespace expanse_gpu

@@ -91,16 +91,17 @@ typedef const expanse_backend* (*expanse_backend_entry_fn)(void);
  * (0: the quadratic form). The problem has every field set but c and n. */
 typedef int64_t (*expanse_choose_chunk_size_fn)(const expanse_problem* problem);
 #define EXPANSE_CHOOSE_CHUNK_SIZE_PROC "expanse_choose_chunk_size"
-/* "expanse_power_attention_backward_exchange": the one-pass form of
- * expanse_power_attention_backward_exchange (expanse.h) for an op of kind power_attention_backward
- * that declares dinitial_S and dfinal_S: run() as usual, except that the content of dfinal_S/dfinal_z
- * is read only after exchange(exec->stream, user) returned, which comes after dinitial_S/dinitial_z
- * hold the initial state's cotangent without dfinal. EXPANSE_ERROR_UNSUPPORTED (reason in err),
- * before any work, where the implementation that takes the problem has no such form: the core then
- * runs the backward twice. */
-typedef expanse_status (*expanse_backward_exchange_fn)(const expanse_op* op, const expanse_exec* exec,
-                                                       expanse_exchange_fn exchange, void* user, char* err,
-                                                       size_t err_len);
+/* The one-pass forms of expanse_power_attention_exchange and expanse_power_attention_backward_exchange
+ * (expanse.h), for an op of their kind with the tensors they declare: run() as usual, except that
+ * exchange(exec->stream, user) is called once in the middle and what it writes is read only after it
+ * returned: the forward's initial_S/initial_z, after final_S/final_z hold the piece's final state from
+ * zero; the backward's dfinal_S/dfinal_z, after dinitial_S/dinitial_z hold the initial state's
+ * cotangent without dfinal. EXPANSE_ERROR_UNSUPPORTED (reason in err), before any work, where the
+ * implementation that takes the problem has no such form: the core then composes other calls. */
+typedef expanse_status (*expanse_run_exchanging_fn)(const expanse_op* op, const expanse_exec* exec,
+                                                    expanse_exchange_fn exchange, void* user, char* err,
+                                                    size_t err_len);
+#define EXPANSE_FORWARD_EXCHANGE_PROC "expanse_power_attention_exchange"
 #define EXPANSE_BACKWARD_EXCHANGE_PROC "expanse_power_attention_backward_exchange"
 
 #if defined(_WIN32)

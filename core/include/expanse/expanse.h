@@ -554,8 +554,21 @@ EXPANSE_API expanse_status expanse_sequence_state(expanse_context* ctx, const ex
  * output as expanse_power_attention_backward gives it with that dfinal (dinitial included). The
  * backend's one-pass form where it has one (the CUDA tensor-core backward: the state cotangents are
  * linear in dfinal, which is added to them after their scan); otherwise two backward passes, the first
- * for dinitial. exchange returns 0 on success. */
+ * for dinitial. exchange returns 0 on success. A call that fails before the callback does not call it:
+ * ranks whose callbacks meet in a collective must treat an error as fatal for the whole group. */
 typedef int32_t (*expanse_exchange_fn)(void* stream, void* user);
+
+/* power_attention whose initial state arrives during the call, for the same callers (the state
+ * entering a piece comes from the pieces before it, which need this piece's own final state first).
+ * `a` declares initial_S and final_S (and, normalized, initial_z and final_z). The call computes the
+ * final state of the piece run from zero and writes it to final_S and final_z; calls
+ * exchange(stream, user), which must read those and write initial_S and initial_z, itself or by work
+ * it enqueues on the stream; then writes o as power_attention gives it from that initial state
+ * (final_S and final_z keep the state from zero). The backend's one-pass form where it has one (the
+ * GPU backends: the chunk states are linear in the initial state, which is added to them after their
+ * scan); otherwise sequence_state, then power_attention. */
+EXPANSE_API expanse_status expanse_power_attention_exchange(expanse_context* ctx, const expanse_power_attention_args* a,
+                                                            expanse_exchange_fn exchange, void* user);
 EXPANSE_API expanse_status expanse_power_attention_backward_exchange(expanse_context* ctx,
                                                                      const expanse_power_attention_backward_args* a,
                                                                      expanse_exchange_fn exchange, void* user);
