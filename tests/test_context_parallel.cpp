@@ -174,25 +174,48 @@ TEST_CASE("the C API's context parallelism refuses a bad rank or a missing all-g
 
 namespace {
 
-// What the exchange callback of the test below sees and does: it keeps dinitial as the call left it
-// (the cotangent without dfinal) and only then writes dfinal, which held NaN until then.
+// An exchanging call's callback under test: it keeps what the call left in `seen_from` (the state or
+// cotangent the call writes before it) and only then writes `to_S`, `to_z` (which held NaN until
+// then) from `from_S`, `from_z`.
 struct exchange_probe {
   expanse_context* ctx;
-  const expanse_tensor *dinitial_S, *dfinal_S, *dfinal_z;
-  const void *true_S, *true_z;  // the cotangents to write, on the device
+  const expanse_tensor *seen_from, *to_S, *to_z;
+  const void *from_S, *from_z;  // on the device
   size_t bytes_S, bytes_z;
-  h::host_tensor seen;  // dinitial_S at the callback
+  h::host_tensor seen;
   int calls = 0;
 };
 
 int32_t probe_exchange(void*, void* user) {
   exchange_probe& p = *static_cast<exchange_probe*>(user);
   ++p.calls;
-  if (expanse_memcpy(p.ctx, p.seen.bytes.data(), p.dinitial_S->data, p.seen.bytes.size(), EXPANSE_COPY_DEVICE_TO_HOST) ||
-      expanse_memcpy(p.ctx, p.dfinal_S->data, p.true_S, p.bytes_S, EXPANSE_COPY_DEVICE_TO_DEVICE) ||
-      (p.dfinal_z && expanse_memcpy(p.ctx, p.dfinal_z->data, p.true_z, p.bytes_z, EXPANSE_COPY_DEVICE_TO_DEVICE)))
+  if (expanse_memcpy(p.ctx, p.seen.bytes.data(), p.seen_from->data, p.seen.bytes.size(), EXPANSE_COPY_DEVICE_TO_HOST) ||
+      expanse_memcpy(p.ctx, p.to_S->data, p.from_S, p.bytes_S, EXPANSE_COPY_DEVICE_TO_DEVICE) ||
+      (p.to_z && expanse_memcpy(p.ctx, p.to_z->data, p.from_z, p.bytes_z, EXPANSE_COPY_DEVICE_TO_DEVICE)))
     return 1;
   return expanse_synchronize(p.ctx) == EXPANSE_OK ? 0 : 1;
+}
+
+// A contiguous tensor shaped as `like`, on its context's device, full of NaN.
+struct nan_tensor {
+  expanse::device_buffer memory;
+  expanse_tensor view;
+  size_t bytes;
+  nan_tensor(expanse::context& ctx, const expanse_tensor& like) : view(like) {
+    bytes = expanse_dtype_size(expanse_dtype(like.dtype));
+    for (int i = 0; i < like.ndim; ++i) bytes *= size_t(like.shape[i]);
+    memory = expanse::device_buffer(ctx.get(), bytes);
+    const std::vector<unsigned char> nans(bytes, 0xFF);  // NaN in f32 and f64
+    expanse::check(expanse_memcpy(ctx.get(), memory.data(), nans.data(), bytes, EXPANSE_COPY_HOST_TO_DEVICE));
+    view.data = memory.data();
+  }
+};
+
+// The probe of a call whose callback writes the pair (to_S, to_z), now NaN, from (S, z) as given.
+exchange_probe probe_for(expanse::context& ctx, const expanse_tensor* seen_from, const std::vector<int64_t>& seen_shape,
+                         const nan_tensor& to_S, const nan_tensor& to_z, const expanse_tensor& S, const expanse_tensor& z) {
+  return {ctx.get(), seen_from, &to_S.view, &to_z.view, S.data, z.data, to_S.bytes, to_z.bytes,
+          h::host_tensor::zeros(expanse_dtype(seen_from->dtype), seen_shape)};
 }
 
 }  // namespace
@@ -218,19 +241,9 @@ TEST_CASE("power_attention_backward_exchange: dinitial without dfinal at the cal
     exchange_probe probe{};
     run.call_with_args([&](void* args) {
       auto a = *static_cast<const expanse_power_attention_backward_args*>(args);
-      // dfinal moves to buffers of NaN that only the callback fills.
-      const size_t es = expanse_dtype_size(expanse_dtype(a.dfinal_S->dtype));
-      const size_t bytes_S = size_t(a.dfinal_S->shape[0] * a.dfinal_S->shape[1] * a.dfinal_S->shape[2] * a.dfinal_S->shape[3]) * es;
-      const size_t bytes_z = size_t(a.dfinal_z->shape[0] * a.dfinal_z->shape[1] * a.dfinal_z->shape[2]) * es;
-      expanse::device_buffer nan_S(ctx.get(), bytes_S), nan_z(ctx.get(), bytes_z);
-      const std::vector<unsigned char> nans(std::max(bytes_S, bytes_z), 0xFF);  // NaN in f32 and f64
-      expanse::check(expanse_memcpy(ctx.get(), nan_S.data(), nans.data(), bytes_S, EXPANSE_COPY_HOST_TO_DEVICE));
-      expanse::check(expanse_memcpy(ctx.get(), nan_z.data(), nans.data(), bytes_z, EXPANSE_COPY_HOST_TO_DEVICE));
-      expanse_tensor dS = *a.dfinal_S, dz = *a.dfinal_z;
-      dS.data = nan_S.data(), dz.data = nan_z.data();
-      probe = {ctx.get(), a.dinitial_S, &dS, &dz, a.dfinal_S->data, a.dfinal_z->data, bytes_S, bytes_z,
-               h::host_tensor::zeros(expanse_dtype(a.dinitial_S->dtype), first.at("dinitial_S").shape)};
-      a.dfinal_S = &dS, a.dfinal_z = &dz;
+      const nan_tensor dS(ctx, *a.dfinal_S), dz(ctx, *a.dfinal_z);  // dfinal only the callback fills
+      probe = probe_for(ctx, a.dinitial_S, first.at("dinitial_S").shape, dS, dz, *a.dfinal_S, *a.dfinal_z);
+      a.dfinal_S = &dS.view, a.dfinal_z = &dz.view;
       expanse::check(expanse_power_attention_backward_exchange(ctx.get(), &a, &probe_exchange, &probe));
       expanse::check(expanse_synchronize(ctx.get()));
     });
@@ -239,48 +252,6 @@ TEST_CASE("power_attention_backward_exchange: dinitial without dfinal at the cal
     check_equal(run.download(), whole, h::tolerance_for(cfg.dtype));
   }
 }
-
-TEST_CASE("power_attention_backward_exchange refuses a missing callback or cotangent by name") {
-  expanse::context ctx("reference");
-  h::op_config cfg = split_cases()[0].cfg;
-  cfg.dtype = EXPANSE_F64;
-  h::prepared_run run(ctx, cfg, h::make_inputs(cfg, test_seed()), true);
-  run.call_with_args([&](void* args) {
-    auto a = *static_cast<const expanse_power_attention_backward_args*>(args);
-    CHECK(expanse_power_attention_backward_exchange(ctx.get(), &a, nullptr, nullptr) == EXPANSE_ERROR_INVALID_ARGUMENT);
-    CHECK(std::string(expanse_last_error()).find("argument 'exchange' is NULL") != std::string::npos);
-    a.dfinal_z = nullptr;
-    CHECK(expanse_power_attention_backward_exchange(ctx.get(), &a, &probe_exchange, nullptr) ==
-          EXPANSE_ERROR_INVALID_ARGUMENT);
-    CHECK(std::string(expanse_last_error()).find("argument 'dfinal_z' is required when normalize=1") !=
-          std::string::npos);
-  });
-}
-
-namespace {
-
-// The forward's exchange: it keeps final_S as the call left it (the piece's state from zero) and only
-// then writes the initial state, which held NaN until then.
-struct forward_probe {
-  expanse_context* ctx;
-  const expanse_tensor *final_S, *initial_S, *initial_z;
-  const void *true_S, *true_z;  // the initial state to write, on the device
-  size_t bytes_S, bytes_z;
-  h::host_tensor seen;  // final_S at the callback
-  int calls = 0;
-};
-
-int32_t probe_forward_exchange(void*, void* user) {
-  forward_probe& p = *static_cast<forward_probe*>(user);
-  ++p.calls;
-  if (expanse_memcpy(p.ctx, p.seen.bytes.data(), p.final_S->data, p.seen.bytes.size(), EXPANSE_COPY_DEVICE_TO_HOST) ||
-      expanse_memcpy(p.ctx, p.initial_S->data, p.true_S, p.bytes_S, EXPANSE_COPY_DEVICE_TO_DEVICE) ||
-      (p.initial_z && expanse_memcpy(p.ctx, p.initial_z->data, p.true_z, p.bytes_z, EXPANSE_COPY_DEVICE_TO_DEVICE)))
-    return 1;
-  return expanse_synchronize(p.ctx) == EXPANSE_OK ? 0 : 1;
-}
-
-}  // namespace
 
 TEST_CASE("power_attention_exchange: the final state from zero at the callback, then o from the initial state") {
   for (const expanse_backend_info& info : expanse::backends()) {
@@ -300,24 +271,13 @@ TEST_CASE("power_attention_exchange: the final state from zero at the callback, 
     const h::tensor_map whole = h::run_on(ctx, cfg, in, oracle), zero = h::run_on(ctx, cfg_zero, from_zero, oracle);
 
     h::prepared_run run(ctx, cfg, in, oracle);
-    forward_probe probe{};
+    exchange_probe probe{};
     run.call_with_args([&](void* args) {
       auto a = *static_cast<const expanse_power_attention_args*>(args);
-      // The initial state moves to buffers of NaN that only the callback fills.
-      const size_t es = expanse_dtype_size(expanse_dtype(a.initial_S->dtype));
-      const size_t bytes_S =
-          size_t(a.initial_S->shape[0] * a.initial_S->shape[1] * a.initial_S->shape[2] * a.initial_S->shape[3]) * es;
-      const size_t bytes_z = size_t(a.initial_z->shape[0] * a.initial_z->shape[1] * a.initial_z->shape[2]) * es;
-      expanse::device_buffer nan_S(ctx.get(), bytes_S), nan_z(ctx.get(), bytes_z);
-      const std::vector<unsigned char> nans(std::max(bytes_S, bytes_z), 0xFF);  // NaN in f32 and f64
-      expanse::check(expanse_memcpy(ctx.get(), nan_S.data(), nans.data(), bytes_S, EXPANSE_COPY_HOST_TO_DEVICE));
-      expanse::check(expanse_memcpy(ctx.get(), nan_z.data(), nans.data(), bytes_z, EXPANSE_COPY_HOST_TO_DEVICE));
-      expanse_tensor S0 = *a.initial_S, z0 = *a.initial_z;
-      S0.data = nan_S.data(), z0.data = nan_z.data();
-      probe = {ctx.get(), a.final_S, &S0, &z0, a.initial_S->data, a.initial_z->data, bytes_S, bytes_z,
-               h::host_tensor::zeros(expanse_dtype(a.final_S->dtype), zero.at("final_S").shape)};
-      a.initial_S = &S0, a.initial_z = &z0;
-      expanse::check(expanse_power_attention_exchange(ctx.get(), &a, &probe_forward_exchange, &probe));
+      const nan_tensor S0(ctx, *a.initial_S), z0(ctx, *a.initial_z);  // the initial state only the callback fills
+      probe = probe_for(ctx, a.final_S, zero.at("final_S").shape, S0, z0, *a.initial_S, *a.initial_z);
+      a.initial_S = &S0.view, a.initial_z = &z0.view;
+      expanse::check(expanse_power_attention_exchange(ctx.get(), &a, &probe_exchange, &probe));
       expanse::check(expanse_synchronize(ctx.get()));
     });
     CHECK(probe.calls == 1);
@@ -326,4 +286,61 @@ TEST_CASE("power_attention_exchange: the final state from zero at the callback, 
     check_equal({{"o", out.at("o")}}, {{"o", whole.at("o")}}, h::tolerance_for(cfg.dtype));
     check_equal({{"final_S", out.at("final_S")}}, {{"final_S", zero.at("final_S")}}, h::tolerance_for(cfg.dtype));
   }
+}
+
+TEST_CASE("the exchanging calls refuse a missing callback or state by name") {
+  expanse::context ctx("reference");
+  h::op_config cfg = split_cases()[0].cfg;
+  cfg.dtype = EXPANSE_F64;
+  const h::tensor_map in = h::make_inputs(cfg, test_seed());
+  auto refused = [](expanse_status st, const char* text) {
+    CHECK(st == EXPANSE_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(expanse_last_error()).find(text) != std::string::npos);
+  };
+  h::prepared_run backward(ctx, cfg, in, true);
+  backward.call_with_args([&](void* args) {
+    auto a = *static_cast<const expanse_power_attention_backward_args*>(args);
+    refused(expanse_power_attention_backward_exchange(ctx.get(), &a, nullptr, nullptr), "argument 'exchange' is NULL");
+    a.dfinal_z = nullptr;
+    refused(expanse_power_attention_backward_exchange(ctx.get(), &a, &probe_exchange, nullptr),
+            "argument 'dfinal_z' is required when normalize=1");
+    a.dinitial_S = nullptr;
+    refused(expanse_power_attention_backward_exchange(ctx.get(), &a, &probe_exchange, nullptr),
+            "argument 'dinitial_S' is required");
+  });
+  h::prepared_run forward(ctx, forward_of(cfg), forward_inputs(in), true);
+  forward.call_with_args([&](void* args) {
+    auto a = *static_cast<const expanse_power_attention_args*>(args);
+    refused(expanse_power_attention_exchange(ctx.get(), &a, nullptr, nullptr), "argument 'exchange' is NULL");
+    a.initial_z = nullptr;
+    refused(expanse_power_attention_exchange(ctx.get(), &a, &probe_exchange, nullptr),
+            "argument 'initial_z' is required when normalize=1");
+    a.final_S = nullptr;
+    refused(expanse_power_attention_exchange(ctx.get(), &a, &probe_exchange, nullptr), "argument 'final_S' is required");
+  });
+}
+
+TEST_CASE("the C API's context parallelism refuses z states of an unnormalized call by name") {
+  expanse::context ctx("reference");
+  h::op_config cfg = split_cases()[0].cfg;  // normalized: its z tensors stand in for an unnormalized call's
+  cfg.dtype = EXPANSE_F64;
+  const h::tensor_map in = h::make_inputs(cfg, test_seed());
+  const expanse_context_parallel one{0, 1, [](const void*, void*, size_t, void*, void*) { return int32_t(0); }, nullptr};
+  h::prepared_run backward(ctx, cfg, in, true);
+  backward.call_with_args([&](void* args) {
+    auto a = *static_cast<const expanse_power_attention_backward_args*>(args);
+    a.normalize = 0;
+    CHECK(expanse_context_parallel_power_attention_backward(ctx.get(), &one, &a) == EXPANSE_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(expanse_last_error()).find("argument 'initial_z' needs normalize=1") != std::string::npos);
+    a.initial_z = a.dinitial_z = nullptr;
+    CHECK(expanse_context_parallel_power_attention_backward(ctx.get(), &one, &a) == EXPANSE_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(expanse_last_error()).find("argument 'dfinal_z' needs normalize=1") != std::string::npos);
+  });
+  h::prepared_run forward(ctx, forward_of(cfg), forward_inputs(in), true);
+  forward.call_with_args([&](void* args) {
+    auto a = *static_cast<const expanse_power_attention_args*>(args);
+    a.normalize = 0, a.initial_z = nullptr;
+    CHECK(expanse_context_parallel_power_attention(ctx.get(), &one, &a) == EXPANSE_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(expanse_last_error()).find("argument 'final_z' needs normalize=1") != std::string::npos);
+  });
 }

@@ -146,11 +146,6 @@ void require_exchanged(const char* fn, expanse_exchange_fn exchange, int32_t nor
     if (!t && normalize == 1) fail(EXPANSE_ERROR_INVALID_ARGUMENT, "%s: argument '%s' is required when normalize=1", fn, name);
 }
 
-// A public call's status as an exception (inside guarded).
-void checked_call(expanse_status st) {
-  if (st != EXPANSE_OK) fail(st, "%s", expanse_last_error());
-}
-
 // The backend's one-pass form of an exchanging call (its extra `proc`), when it has one and the
 // implementation that takes the problem has such a form: true when it ran. checked_args: the
 // arguments without what the callback writes (the finite check reads them).
@@ -169,6 +164,18 @@ bool run_exchanging(expanse_context& c, expanse_op_kind kind, const void* args, 
 }
 
 }  // namespace
+
+namespace expanse::detail {
+
+int64_t own_state_chunk(expanse_context* ctx, const expanse_power_attention_args& a) {
+  int64_t c = 0;
+  call(expanse_resolved_chunk_size(ctx, &a, &c));
+  c = c > 0 ? c : 128;
+  for (const int64_t t = a.k->shape[1]; (t + c - 1) / c > 256;) c *= 2;
+  return c;
+}
+
+}  // namespace expanse::detail
 
 extern "C" {
 
@@ -299,22 +306,17 @@ EXPANSE_API expanse_status expanse_power_attention_exchange(expanse_context* ctx
     without.initial_S = without.initial_z = nullptr;
     if (run_exchanging(c, EXPANSE_OP_POWER_ATTENTION, a, &without, EXPANSE_FORWARD_EXCHANGE_PROC, exchange, user))
       return;
-    // Two calls: the piece's final state from zero (sequence_state, by chunks of the forward's size,
-    // at most 256 of them), the exchange, then the piece from the initial state.
-    int64_t chunk = 0;
-    checked_call(expanse_resolved_chunk_size(ctx, a, &chunk));
-    const int64_t t = a->k->shape[1];
-    chunk = chunk > 0 ? chunk : 128;
-    while ((t + chunk - 1) / chunk > 256) chunk *= 2;
+    // Two calls: the piece's final state from zero (sequence_state), the exchange, then the piece
+    // from the initial state.
     expanse_sequence_state_args own;
     expanse_sequence_state_args_init(&own);
     own.k = a->k, own.v = a->v, own.log_g = a->log_g, own.S = a->final_S, own.z = a->final_z;
-    own.p = a->p, own.chunk_size = chunk, own.layout = a->layout;
-    checked_call(expanse_sequence_state(ctx, &own));
+    own.p = a->p, own.chunk_size = own_state_chunk(ctx, *a), own.layout = a->layout;
+    call(expanse_sequence_state(ctx, &own));
     if (exchange(c.stream, user) != 0) fail(EXPANSE_ERROR_INTERNAL, "%s: the exchange callback failed", fn);
     expanse_power_attention_args piece = *a;
     piece.final_S = piece.final_z = nullptr;
-    checked_call(expanse_power_attention(ctx, &piece));
+    call(expanse_power_attention(ctx, &piece));
   });
 }
 
@@ -335,9 +337,9 @@ EXPANSE_API expanse_status expanse_power_attention_backward_exchange(expanse_con
     if (run_exchanging(c, EXPANSE_OP_POWER_ATTENTION_BACKWARD, a, &without, EXPANSE_BACKWARD_EXCHANGE_PROC, exchange,
                        user))
       return;
-    checked_call(expanse_power_attention_backward(ctx, &without));  // dinitial without dfinal
+    call(expanse_power_attention_backward(ctx, &without));  // dinitial without dfinal
     if (exchange(c.stream, user) != 0) fail(EXPANSE_ERROR_INTERNAL, "%s: the exchange callback failed", fn);
-    checked_call(expanse_power_attention_backward(ctx, a));
+    call(expanse_power_attention_backward(ctx, a));
   });
 }
 

@@ -17,10 +17,6 @@ using namespace expanse::detail;
 
 namespace {
 
-void call(expanse_status st) {
-  if (st != EXPANSE_OK) fail(st, "%s", expanse_last_error());
-}
-
 // Device memory on the context's device, freed at scope exit.
 struct device_buffer {
   expanse_context* ctx;
@@ -173,12 +169,6 @@ void refuse_z_unnormalized(const char* fn, int32_t normalize,
                 fn, name);
 }
 
-int64_t chunk_for_states(expanse_context* ctx, const expanse_power_attention_args& a) {
-  int64_t c = 0;
-  call(expanse_resolved_chunk_size(ctx, &a, &c));
-  return c > 0 ? c : 128;  // the quadratic form has no chunks; the state is summed by 128
-}
-
 // The backward's exchange (expanse_power_attention_backward_exchange's callback): every rank's
 // entering-state cotangent without its final state's, L_s, gathered; then this piece's final-state
 // cotangent dF_r = dY_{r+1} by the reverse recursion over the ranks after it,
@@ -265,7 +255,7 @@ EXPANSE_API expanse_status expanse_context_parallel_power_attention(expanse_cont
     refuse_z_unnormalized(fn, a->normalize, {{a->initial_z, "initial_z"}, {a->final_z, "final_z"}});
     const layout_of_exchange x = exchange_layout(*cp, *a->k, *a->v, a->p, a->layout, a->normalize != 0);
     entering_states st(ctx, x);
-    exchange_states(ctx, *cp, x, *a->k, *a->v, a->log_g, a->p, chunk_for_states(ctx, *a), a->layout, a->initial_S,
+    exchange_states(ctx, *cp, x, *a->k, *a->v, a->log_g, a->p, own_state_chunk(ctx, *a), a->layout, a->initial_S,
                     a->initial_z, st);
 
     // This piece from its entering state (rank 0 without an initial state: from zero).
@@ -303,7 +293,7 @@ EXPANSE_API expanse_status expanse_context_parallel_power_attention_backward(
     fwd.p = a->p, fwd.scale = a->scale, fwd.chunk_size = a->chunk_size, fwd.normalize = a->normalize, fwd.layout = a->layout;
     const layout_of_exchange x = exchange_layout(*cp, *a->k, *a->v, a->p, a->layout, a->normalize != 0);
     entering_states st(ctx, x);
-    exchange_states(ctx, *cp, x, *a->k, *a->v, a->log_g, a->p, chunk_for_states(ctx, fwd), a->layout, a->initial_S,
+    exchange_states(ctx, *cp, x, *a->k, *a->v, a->log_g, a->p, own_state_chunk(ctx, fwd), a->layout, a->initial_S,
                     a->initial_z, st);
     const int32_t sd = x.state_dtype;
     const int64_t Ds = x.D * x.e, slot = x.S_size() + x.z_size();  // a state and its normalizer

@@ -37,6 +37,10 @@ void fail(expanse_status status, const char* fmt, ...) {
   throw api_error{status, std::move(s)};
 }
 
+void call(expanse_status st) {
+  if (st != EXPANSE_OK) fail(st, "%s", expanse_last_error());
+}
+
 expanse_status set_last_error(expanse_status status, const std::string& message) {
   last_error_text = message;
   return status;

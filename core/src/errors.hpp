@@ -20,6 +20,10 @@ struct api_error {
 [[noreturn]] void fail(expanse_status status, const char* fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+// The status of a public entry point called from inside another (within guarded): fails with that
+// call's status and last error.
+void call(expanse_status st);
+
 // Records the last error of this thread and returns status (EXPANSE_OK clears the text).
 expanse_status set_last_error(expanse_status status, const std::string& message);
 

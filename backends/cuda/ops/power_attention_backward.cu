@@ -49,8 +49,8 @@ std::string mma_power_attention_backward_declines(const expanse_op& op, const de
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
   std::string why = expanse_gpu::power_attention_backward_simple_declines(op, props);
+  if (why.empty()) why = tensor_core_backward_declines(pb);
   if (!why.empty()) return why;
-  if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
   // Without states (one chunk, no initial state, no final state's cotangent) only the pairs remain,
   // whose kernels take any p; the state terms' kernels take p = 2 (quadratic forms) and p = 1 (never
   // normalized: normalization needs an even p).
@@ -58,9 +58,7 @@ std::string mma_power_attention_backward_declines(const expanse_op& op, const de
   if (pb.p > 2 && (plan.forward_states || plan.cotangent_states || plan.final_term))
     return "p must be 1 or 2 where the backward has states (more than one chunk, an initial state or a final "
            "state's cotangent)";
-  if (pb.layout.kind != EXPANSE_LAYOUT_SYMPOW) return "the layout must be the symmetric one";
-  if (pb.d != 64 || pb.e != 64) return "d and e must be 64";
-  if (why.empty()) why = token_tensor_declines("q", *a.q);
+  why = token_tensor_declines("q", *a.q);
   if (why.empty()) why = token_tensor_declines("k", *a.k);
   if (why.empty()) why = token_tensor_declines("v", *a.v);
   if (why.empty()) why = token_tensor_declines("dout", *a.dout);

@@ -35,4 +35,13 @@ struct state_pullback {
 
 void launch_state_pullback(const state_pullback& s, const expanse_problem& pb, launch_context& lc);
 
+// Why a problem's tokens and layout do not fit the tensor-core backwards built on the pullback ("" if
+// they do; the degree is each caller's to check).
+inline std::string tensor_core_backward_declines(const expanse_problem& pb) {
+  if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
+  if (pb.layout.kind != EXPANSE_LAYOUT_SYMPOW) return "the layout must be the symmetric one";
+  if (pb.d != 64 || pb.e != 64) return "d and e must be 64";
+  return {};
+}
+
 }  // namespace expanse_cuda

@@ -24,11 +24,9 @@ std::string mma_update_state_backward_declines(const expanse_op& op, const devic
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_update_state_backward_args>(op);
   std::string why = expanse_gpu::update_state_backward_simple_declines(op, props);
+  if (why.empty()) why = tensor_core_backward_declines(pb);
   if (!why.empty()) return why;
-  if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
   if (pb.p > 2) return "p must be 1 or 2";
-  if (pb.layout.kind != EXPANSE_LAYOUT_SYMPOW) return "the layout must be the symmetric one";
-  if (pb.d != 64 || pb.e != 64) return "d and e must be 64";
   if (a.dS->strides[4] != 1 || (a.dz && a.dz->strides[3] != 1)) return "dS and dz need a contiguous last dim";
   why = token_tensor_declines("k", *a.k);
   if (why.empty()) why = token_tensor_declines("v", *a.v);
