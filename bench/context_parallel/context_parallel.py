@@ -50,6 +50,14 @@ def timed(fn, reps, warmup, cuda):
     return statistics.median(times)
 
 
+def every_rank(ms, device):
+    """Every rank's value, in rank order."""
+    t = torch.tensor([ms], dtype=torch.float64, device=device)
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t)
+    return [round(float(x.item()), 3) for x in parts]
+
+
 def slowest(ms, device):
     """The largest of every rank's value (a step lasts as long as its slowest rank)."""
     t = torch.tensor([ms], dtype=torch.float64, device=device)
@@ -73,7 +81,8 @@ def main():
     ap.add_argument("--exchange", choices=expanse.torch.EXCHANGES, default="allgather", help="how the states pass")
     ap.add_argument("--strong", action="store_true", help="also time the whole sequence on rank 0 alone")
     ap.add_argument("--profile", action="store_true",
-                    help="print to stderr rank 0's GPU time per kernel of one forward+backward step, CP and alone")
+                    help="print to stderr the GPU time per kernel, CP and alone: rank 0's of one forward+backward "
+                         "step, the last rank's of one forward")
     args = ap.parse_args()
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -115,7 +124,8 @@ def main():
               "dtype": args.dtype, "chunk_size": args.chunk_size, "exchange": args.exchange,
               "device": torch.cuda.get_device_name() if cuda else "cpu", "version": expanse.__version__,
               "date": time.strftime("%Y-%m-%d", time.gmtime())}
-    result["cp_fwd_ms"] = slowest(timed(cp_forward, args.reps, args.warmup, cuda), device)
+    cp_fwd = timed(cp_forward, args.reps, args.warmup, cuda)
+    result["cp_fwd_ms"], result["cp_fwd_ms_by_rank"] = slowest(cp_fwd, device), every_rank(cp_fwd, device)
     result["cp_fwdbwd_ms"] = slowest(timed(cp_step, args.reps, args.warmup, cuda), device)
     if cuda:
         result["cp_peak_bytes"] = int(slowest(torch.cuda.max_memory_allocated(), device))
@@ -136,6 +146,13 @@ def main():
                 torch.cuda.synchronize()
             if rank == 0:
                 print(f"--- {name}: one forward+backward step, GPU time by kernel", file=sys.stderr)
+                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30), file=sys.stderr)
+        for name, step in (("context parallel", cp_forward), ("alone", alone_forward)):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            if rank == ranks - 1:
+                print(f"--- {name}: one forward on the last rank, GPU time by kernel", file=sys.stderr)
                 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30), file=sys.stderr)
     if args.strong and rank == 0:
         del leaves[:]
