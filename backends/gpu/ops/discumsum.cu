@@ -67,13 +67,30 @@ void discumsum_scan_run(const expanse_op& op, launch_context& lc) {
   launch_discumsum(*a.X, A, with_chunk_axis(a.Y_init), *a.Y, last, pb.n, pb.input_dtype, lc.stream);
 }
 
+namespace {
+// Whether the entries past the first three axes are laid out row-major without gaps.
+bool trailing_dense(const expanse_tensor& t) {
+  int64_t stride = 1;
+  for (int dim = t.ndim - 1; dim >= 3; --dim) {
+    if (t.shape[dim] != 1 && t.strides[dim] != stride) return false;
+    stride *= t.shape[dim];
+  }
+  return true;
+}
+}  // namespace
+
 void launch_add_initial(const expanse_tensor& Y, const expanse_tensor& A, const expanse_tensor& init, int64_t n,
                         stream_t stream) {
   int64_t elems = 1;
   for (int dim = 3; dim < Y.ndim; ++dim) elems *= Y.shape[dim];
-  const int64_t work = Y.shape[0] * Y.shape[2] * elems;
-  if (work == 0) return;
-  add_initial_kernel<<<grid_for(work, 256), 256, 0, stream>>>(Y, A, with_chunk_axis(&init), n, elems);
+  const int64_t blocks = Y.shape[0] * Y.shape[2] * n;
+  if (blocks == 0 || elems == 0) return;
+  const unsigned grid = static_cast<unsigned>(blocks < (int64_t(1) << 30) ? blocks : (int64_t(1) << 30));
+  const expanse_tensor at_chunk = with_chunk_axis(&init);
+  if (trailing_dense(Y) && trailing_dense(at_chunk))
+    add_initial_kernel<true><<<grid, kAddInitialThreads, 0, stream>>>(Y, A, at_chunk, n, elems);
+  else
+    add_initial_kernel<false><<<grid, kAddInitialThreads, 0, stream>>>(Y, A, at_chunk, n, elems);
   check_launch("add initial state");
 }
 
