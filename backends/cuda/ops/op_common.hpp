@@ -25,6 +25,18 @@ void with_b16_type(int32_t dtype, F&& f) {
   else f(__nv_bfloat16{});
 }
 
+// Calls f(P) with P the degree p (1..4, what validation admits) as a std::integral_constant value.
+template <class F>
+void with_degree(int p, F&& f) {
+  switch (p) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    default: throw std::runtime_error("tensor-core kernels take p in 1..4, got " + std::to_string(p));
+  }
+}
+
 // The tensor-core kernels' instantiations: calls f(T{}, DH, E) with T the b16 type of an f16/bf16
 // dtype and DH, E the head dims d, e (each 32, 64 or 128) as std::integral_constant values.
 template <class F>

@@ -149,12 +149,14 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
     P.row_am = am_q, P.key_am = am_k;
     P.dq = sum_q, P.dk = sum_k, P.dv = sum_v;
     P.g = shared.g;
-    P.t = pb.t, P.c = pb.c, P.n = pb.n, P.h = pb.h, P.hq = pb.hq, P.p = pb.p, P.scale = scale;
+    P.t = pb.t, P.c = pb.c, P.n = pb.n, P.h = pb.h, P.hq = pb.hq, P.scale = scale;
     P.key_tiles = int((std::min(pb.c, pb.t) + kKeys - 1) / kKeys);
     with_b16_type(pb.input_dtype, [&](auto tag) {
       using T = decltype(tag);
-      launch_with_smem(flash_chunk_attention_backward_kernel<T, 64, 64>, int64_t(P.key_tiles) * pb.n * pb.h * pb.b,
-                       kThreads, flash_backward_smem<T, 64, 64>(), lc.stream, P);
+      with_degree(pb.p, [&](auto degree) {
+        launch_with_smem(flash_chunk_attention_backward_kernel<T, 64, 64, degree.value>,
+                         int64_t(P.key_tiles) * pb.n * pb.h * pb.b, kThreads, flash_backward_smem<T, 64, 64>(), lc.stream, P);
+      });
     });
     check_launch("mma power_attention_backward pairs");
   }

@@ -114,8 +114,8 @@ void launch_final_cotangent(const expanse_op& op, const backward_states& st, con
   const int64_t heads = pb.b * pb.h, per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
   if (heads * per_head == 0) return;
   const scan_ends ends = ends_of(args_of<expanse_power_attention_backward_args>(op), fw);
-  const int64_t tiles = (per_head + kBackwardThreads - 1) / kBackwardThreads;
-  final_cotangent_kernel<<<unsigned(tiles * heads), kBackwardThreads, 0, lc.stream>>>(st, ends, g, pb);
+  const int64_t tiles = (per_head + kFinalEntries - 1) / kFinalEntries;
+  final_cotangent_kernel<<<unsigned(tiles * heads * (pb.n + 1)), kBackwardThreads, 0, lc.stream>>>(st, ends, g, pb);
   check_launch("power_attention_backward final cotangent");
   launch_boundary_sums(pb, st, ends, boundary, lc);
 }

@@ -43,7 +43,7 @@ struct flash_backward_params {
   float* dv;          // [b,t,h,e] f32, contiguous: written
   gates g;
   int64_t t, c, n, h, hq;
-  int p, key_tiles;
+  int key_tiles;
   float scale;
 };
 
@@ -59,18 +59,14 @@ constexpr size_t flash_backward_smem() {
          (2 * 3 * kRows + kKeys) * sizeof(float) + 2 * kRows * sizeof(int);
 }
 
-// x^k for a small non-negative k.
-__device__ __forceinline__ float small_power(float x, int k) {
-  float r = 1.f;
-  for (int i = 0; i < k; ++i) r *= x;
-  return r;
-}
-
 // Three CTAs per SM (at most 168 registers, a few spilled): with two (255 registers) the kernel was
 // latency-bound at 8 warps per SM, 15% issue utilization (ncu, P1 t = 4096); three took P1's backward
 // from 1.559 to 1.387 ms at t = 4096 and 16.68 to 16.18 ms at 65536 on an H100, four (128
 // registers, 800 bytes spilled) lost it again.
-template <class T, int DH, int E>
+// kP, the degree, is a template argument: with p read at run time the per-pair power s^(p-1) was an
+// unrolled loop with a branch per count, 4352 instructions in the query-block loop (1153 FMULs, 365
+// branches) against 160 MMAs.
+template <class T, int DH, int E, int kP>
 __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(flash_backward_params P) {
   using namespace flash_backward_cfg;
   constexpr int kKS = DH + 8, kVS = E + 8, kBS = kRows + 8;
@@ -133,7 +129,6 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
   for (int nt = 0; nt < E / 8; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dv[nt][i] = 0.f;
-  const float pf = float(P.p);
   float key_sum[2] = {0.f, 0.f};  // sum of A_ij M_ij over the queries, for this thread's two keys
 
   // The query blocks at or after the key block, every query head's in turn: step s is block
@@ -214,6 +209,8 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
     // (r A)^T and B^T, packed as A fragments over the queries (k16 slice kk = n-tiles 2kk, 2kk+1),
     // and the sums of A M by query (over this CTA's keys, added to row_am) and by key.
     uint32_t aa[4][4], ba[4][4];
+    float am_rows[8];  // this thread's sums of A M over its keys, by row of four n-tiles
+    float* row_am = P.row_am + (batch * P.t + first + q0) * P.hq + qh;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       float a_val[4], b_val[4], am_col[2] = {0.f, 0.f};
@@ -223,23 +220,32 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
         const bool valid = q0 + row >= key && key >= fk[row];
         const float s = P.scale * st[nt][i];
         const float decay = valid ? fast_exp2(gq[row] - gkey[hf]) : 0.f;
-        const float pw = small_power(s, P.p - 1);
+        float pw = 1.f;  // s^(p-1)
+#pragma unroll
+        for (int k = 1; k < kP; ++k) pw *= s;
         const float a = pw * s * decay, mm = fmaf(dpt[nt][i], rd[row], dd[row]);
         a_val[i] = a * rd[row];
-        b_val[i] = pf * pw * decay * mm;
+        b_val[i] = float(kP) * pw * decay * mm;
         key_sum[hf] = fmaf(a, mm, key_sum[hf]);
         am_col[i & 1] = fmaf(a, mm, am_col[i & 1]);
       }
-      if (P.row_am) {  // the query's sum over this warp's 16 keys (lanes with the same tq), then atomically over warps
+      // The queries' sums over this warp's 16 keys, four n-tiles (eight rows per tq) at a time: the
+      // eight lanes of a tq (g = 0..7) halve the values between them at each of three shuffles, so
+      // that lane g ends with row index g of the eight, added atomically over the CTA's warps and the
+      // other key blocks (48 shuffles and 16 atomics per query block before, one sum per row at a time).
+      am_rows[(nt & 3) * 2 + 0] = am_col[0];
+      am_rows[(nt & 3) * 2 + 1] = am_col[1];
+      if ((nt & 3) == 3) {
+        float w[4], x[2];
+        const bool b2 = (g >> 2) & 1, b1 = (g >> 1) & 1, b0 = g & 1;
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          float x = am_col[j];
-          x += __shfl_xor_sync(0xffffffffu, x, 4);
-          x += __shfl_xor_sync(0xffffffffu, x, 8);
-          x += __shfl_xor_sync(0xffffffffu, x, 16);
-          const int row = nt * 8 + 2 * tq + j;
-          if (g == 0 && q0 + row < len) atomicAdd(P.row_am + (batch * P.t + first + q0 + row) * P.hq + qh, x);
-        }
+        for (int i = 0; i < 4; ++i)
+          w[i] = (b2 ? am_rows[i + 4] : am_rows[i]) + __shfl_xor_sync(0xffffffffu, b2 ? am_rows[i] : am_rows[i + 4], 16);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) x[i] = (b1 ? w[i + 2] : w[i]) + __shfl_xor_sync(0xffffffffu, b1 ? w[i] : w[i + 2], 8);
+        const float sum = (b0 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, b0 ? x[0] : x[1], 4);
+        const int row = ((nt & ~3) + (g >> 1)) * 8 + 2 * tq + (g & 1);
+        if (q0 + row < len) atomicAdd(row_am + int64_t(row) * P.hq, sum);
       }
       aa[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(a_val[0], a_val[1]);
       aa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(a_val[2], a_val[3]);
