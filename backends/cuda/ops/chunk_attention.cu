@@ -10,7 +10,8 @@
 namespace expanse_cuda {
 
 // This backend's own implementations: why each declines a problem, and its launcher (defined
-// below, declared here for the list's entries that call them).
+// below, declared here for the list's entries that call them; an empty in.y: l and rowmax alone,
+// for power_attention_backward).
 std::string flash_chunk_attention_declines(const expanse_problem& pb, const attention_inputs& in,
                                            const device_props& props);
 void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, const expanse_problem& pb,
@@ -77,7 +78,11 @@ void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, co
   with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
-    launch_with_smem(flash_chunk_attention_kernel<T, DH, E>, ctas, kThreads, flash_smem<T, DH, E>(), lc.stream, P);
+    if (P.y)
+      launch_with_smem(flash_chunk_attention_kernel<T, DH, E>, ctas, kThreads, flash_smem<T, DH, E>(), lc.stream, P);
+    else  // the denominators alone
+      launch_with_smem(flash_chunk_attention_kernel<T, DH, E, false>, ctas, kThreads, flash_smem<T, DH, E, false>(),
+                       lc.stream, P);
   });
   check_launch("flash chunk_attention");
 }

@@ -4,7 +4,8 @@
 // "Gradients", composed like the forward. In order:
 //   1. the forward sweep (update_state with its operands split into b16 hi + lo, as the state terms
 //      cancel; discumsum through the list) -> S_m, z_m entering each chunk
-//   2. normalized: chunk_attention (list) -> l, rowmax, the intra part of each query's denominator
+//   2. normalized: the flash chunk_attention kernel without the values -> l, rowmax, the intra part
+//      of each query's denominator
 //   3. 1 / den_i, dden_i and the weighted dout_i per query (gpu/kernels/backward_chunked.hpp)
 //   4. the intra-chunk pairs: f32 sums of dq, dk, dv and of A_ij M_ij by query and by key
 //      (kernels/sm80/flash_chunk_attention_backward.cuh)
@@ -20,6 +21,7 @@
 
 #include "gpu/kernels/backward_chunked.hpp"
 #include "gpu/kernels/backward_outputs.hpp"
+#include "gpu/kernels/chunk_attention_simple.hpp"
 #include "gpu/ops/implementations.hpp"
 #include "gpu/ops/power_attention_backward.hpp"
 #include "kernels/sm80/flash_chunk_attention_backward.cuh"
@@ -38,10 +40,14 @@ void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v,
                                const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                                launch_context& lc);
 
+// ops/chunk_attention.cu: the flash kernel; with an empty in.y, l and rowmax alone.
+void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, const expanse_problem& pb,
+                                  launch_context& lc);
+
 namespace {
 
 // The memo slots of the steps after the forward sweep's.
-enum step_slot { kChunkAttention = kForwardSweepSlots + 1, kQueryStates, kKeyValues };
+enum step_slot { kQueryStates = kForwardSweepSlots + 1, kKeyValues };
 
 }  // namespace
 
@@ -82,7 +88,6 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
   shared.phi = make_phi_tables(pb, lc);
   shared.g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   const step_inputs ungated{shared.phi, gates{}};  // for the steps that take no gates
-  launch_context gated_steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &shared};
   launch_context plain_steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &ungated};
   // A step over the query heads (or the kv heads) without the call's gates.
   auto plain_problem = [&](int64_t heads, int32_t output_dtype) {
@@ -107,15 +112,17 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
   backward_states st{};
   st.S = fw.S, st.z = fw.z;
 
-  // 2. The intra-chunk part of the denominators.
-  expanse_tensor y{}, l{}, rowmax{};
+  // 2. The intra-chunk part of the denominators: the flash kernel without the values (whose shapes
+  // and strides this implementation's own checks admit).
+  expanse_tensor l{}, rowmax{};
   if (pb.normalize) {
-    y = f32_view(lc.ws.take<float>(size_t(qrows * pb.e)), {pb.b, pb.t, pb.hq, pb.e}, dev);
     l = f32_view(lc.ws.take<float>(size_t(qrows)), {pb.b, pb.t, pb.hq}, dev);
     rowmax = f32_view(lc.ws.take<float>(size_t(qrows)), {pb.b, pb.t, pb.hq}, dev);
-    const expanse_chunk_attention_args att{a.q, a.k, a.v, a.log_g, &y, &l, &rowmax, pb.p, pb.scale, pb.c};
-    const expanse_problem att_pb = step_problem(pb, pb.input_dtype, EXPANSE_F32);
-    lc.dispatch.run_step({EXPANSE_OP_CHUNK_ATTENTION, &att, &att_pb, nullptr}, kChunkAttention, gated_steps);
+    if (!sizing) {
+      attention_inputs in{};
+      in.q = *a.q, in.k = *a.k, in.v = *a.v, in.l = l, in.rowmax = rowmax;
+      launch_flash_chunk_attention(in, shared.g, step_problem(pb, pb.input_dtype, EXPANSE_F32), lc);
+    }
   }
 
   // 3. The queries' cotangents, and the values of the query-side state cotangents.

@@ -8,7 +8,8 @@
 // rowmax = m_i ln 2 (docs/spec.md, intra-chunk attention).
 //
 // CTA: 4 warps, 64 query rows of one chunk (16 per warp) against key blocks of 64, causal. The next
-// key block is staged in registers while the current one is multiplied.
+// key block is staged in registers while the current one is multiplied. kValues = false: l and rowmax
+// alone (the backward's denominators), without the values, P V or y: half the products.
 #pragma once
 
 #include <type_traits>
@@ -39,24 +40,24 @@ namespace flash_cfg {
 constexpr int kThreads = 128, kRows = 64, kKeys = 64;
 }
 
-template <class T, int DH, int E>
+template <class T, int DH, int E, bool kValues = true>
 constexpr size_t flash_smem() {
   using namespace flash_cfg;
-  return (size_t(kRows) * (DH + 8) + size_t(kKeys) * (DH + 8) + size_t(kKeys) * (E + 8)) * sizeof(T) +
+  return (size_t(kRows) * (DH + 8) + size_t(kKeys) * (DH + 8) + (kValues ? size_t(kKeys) * (E + 8) : 0)) * sizeof(T) +
          (kRows + kKeys) * sizeof(float) + kRows * sizeof(int);
 }
 
-template <class T, int DH, int E>
+template <class T, int DH, int E, bool kValues = true>
 __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params P) {
   using namespace flash_cfg;
-  constexpr int kQS = DH + 8, kVS = E + 8, kNT = E / 8;
-  constexpr int kKVec = kKeys * DH / 8 / kThreads, kVVec = kKeys * E / 8 / kThreads;
+  constexpr int kQS = DH + 8, kVS = E + 8, kNT = kValues ? E / 8 : 1;
+  constexpr int kKVec = kKeys * DH / 8 / kThreads, kVVec = kValues ? kKeys * E / 8 / kThreads : 0;
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kRows][kQS]
   T* ks = qs + kRows * kQS;                // [kKeys][kQS]
   T* vs = ks + kKeys * kQS;                // [kKeys][kVS]
-  float* gq = reinterpret_cast<float*>(vs + kKeys * kVS);  // restarted Gc of the query rows
+  float* gq = reinterpret_cast<float*>(vs + (kValues ? kKeys * kVS : 0));  // restarted Gc of the query rows
   float* gk = gq + kRows;                                   // restarted Gc of the key rows
   int* fk = reinterpret_cast<int*>(gk + kKeys);             // first key of each query row (its last reset)
 
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
     fk[tid] = q0 + tid < len ? P.g.first_key(bh, P.t, first + q0 + tid) : 0;
   }
 
-  uint4 kreg[kKVec], vreg[kVVec];
+  uint4 kreg[kKVec], vreg[kVVec > 0 ? kVVec : 1];
   float greg = 0.f;
   auto load_block = [&](int key0) {
 #pragma unroll
@@ -182,10 +183,12 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
       mrow[hf] = mnew;
       lrow[hf] *= alpha[hf];
     }
+    if constexpr (kValues) {
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[nt][i] *= alpha[i >> 1];
+        for (int i = 0; i < 4; ++i) acc[nt][i] *= alpha[i >> 1];
+    }
     // P = sign 2^(s - m), packed as A fragments for P V.
     // 2^(-inf - m) = 0 for masked scores while m is finite; a row with no score yet uses m = 0.
     const float msub[2] = {mrow[0] == -INFINITY ? 0.f : mrow[0], mrow[1] == -INFINITY ? 0.f : mrow[1]};
@@ -200,11 +203,13 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
         if (negative & (1u << (nt * 4 + i))) w[i] = -w[i];
         lrow[hf] += w[i];
       }
-      pa[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(w[0], w[1]);
-      pa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(w[2], w[3]);
+      if constexpr (kValues) {
+        pa[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(w[0], w[1]);
+        pa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(w[2], w[3]);
+      }
     }
     // O += P V.
-    add_times_tile<T, E>(acc, pa, vs, kVS, lane);
+    if constexpr (kValues) add_times_tile<T, E>(acc, pa, vs, kVS, lane);
     __syncthreads();
     if (blk + 1 < blocks) {
       store_block();
@@ -221,12 +226,14 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
     if (local >= len) continue;
     const int64_t i = first + local;
     const bool empty = mrow[hf] == -INFINITY;
-    float* yrow = P.y + batch * P.y_sb + i * P.y_st + qh * P.y_sh;
+    if constexpr (kValues) {
+      float* yrow = P.y + batch * P.y_sb + i * P.y_st + qh * P.y_sh;
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      const int col = nt * 8 + 2 * tq;
-      yrow[col * P.y_se] = empty ? 0.f : acc[nt][2 * hf];
-      yrow[(col + 1) * P.y_se] = empty ? 0.f : acc[nt][2 * hf + 1];
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int col = nt * 8 + 2 * tq;
+        yrow[col * P.y_se] = empty ? 0.f : acc[nt][2 * hf];
+        yrow[(col + 1) * P.y_se] = empty ? 0.f : acc[nt][2 * hf + 1];
+      }
     }
     if (tq == 0) {
       if (P.l) P.l[batch * P.l_sb + i * P.l_st + qh * P.l_sh] = empty ? 0.f : lrow[hf];

@@ -56,7 +56,7 @@ constexpr size_t flash_backward_smem() {
   using namespace flash_backward_cfg;
   return (size_t(kKeys) * (DH + 8) + size_t(kKeys) * (E + 8) + 2 * (size_t(kRows) * (DH + 8) + size_t(kRows) * (E + 8)) +
           size_t(kKeys) * (kRows + 8)) * sizeof(T) +
-         (2 * 3 * kRows + kKeys) * sizeof(float) + 2 * kRows * sizeof(int);
+         kKeys * sizeof(float) + 2 * kRows * sizeof(float4);
 }
 
 // Three CTAs per SM (at most 168 registers, a few spilled): with two (255 registers) the kernel was
@@ -78,13 +78,15 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
   T* qs0 = vs + kKeys * kVS;               // [2][kRows][kKS]
   T* ds0 = qs0 + 2 * kRows * kKS;          // [2][kRows][kVS]: dout
   T* bts = ds0 + 2 * kRows * kVS;          // [kKeys][kBS]: B^T of the query block
-  float* gk = reinterpret_cast<float*>(bts + kKeys * kBS);  // restarted Gc of the keys, base 2
-  float* gq0 = gk + kKeys;                                   // [2][kRows]: of the query rows
-  float* dd0 = gq0 + 2 * kRows;                              // [2][kRows]: dden of the query rows
-  float* rd0 = dd0 + 2 * kRows;                              // [2][kRows]: r of the query rows
-  int* fk0 = reinterpret_cast<int*>(rd0 + 2 * kRows);        // [2][kRows]: first key of each query row
+  // [2][kRows]: each query row's restarted Gc (base 2), dden, r and first key (its bits), one
+  // 16-byte load for the four (four loads per row and score before).
+  float4* rows0 = reinterpret_cast<float4*>(bts + kKeys * kBS);
+  float* gk = reinterpret_cast<float*>(rows0 + 2 * kRows);  // restarted Gc of the keys, base 2
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  constexpr int kQStep = kThreads / (DH / 8), kDStep = kThreads / (E / 8);  // rows per pass of the copies
+  static_assert(kThreads % (DH / 8) == 0 && kRows % kQStep == 0 && kThreads % (E / 8) == 0 && kRows % kDStep == 0,
+                "the row copies divide evenly");
   // Key blocks in order of their work, the longest first (block 0 of every chunk and head, then
   // block 1, ...): a key block sees every query block at or after it.
   const int64_t per_tile = gridDim.x / P.key_tiles;
@@ -111,12 +113,6 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
   if (tid < kKeys) gk[tid] = k0 + tid < len ? P.g.since_reset(bh, P.t, first + k0 + tid) * kLog2e : 0.f;
   __syncthreads();
 
-  // This warp's 16 keys and values as A fragments.
-  uint32_t ka[DH / 16][4], va[E / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < DH / 16; ++kk) ldmatrix_x4(ka[kk], ks + (warp * 16 + (lane & 15)) * kKS + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-  for (int kk = 0; kk < E / 16; ++kk) ldmatrix_x4(va[kk], vs + (warp * 16 + (lane & 15)) * kVS + kk * 16 + (lane >> 4) * 8);
   const int key_local[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
   const float gkey[2] = {gk[warp * 16 + g], gk[warp * 16 + g + 8]};
 
@@ -141,38 +137,38 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
     const T* dbase = static_cast<const T*>(P.dout) + batch * P.o_sb + qh * P.o_sh;
     T* qs = qs0 + buf * kRows * kKS;
     T* ds = ds0 + buf * kRows * kVS;
-    for (int vi = tid; vi < kRows * DH / 8; vi += kThreads) {
-      const int s = vi / (DH / 8), c8 = vi % (DH / 8);
-      const bool in = q0 + s < len;
-      copy_async<16>(qs + s * kKS + c8 * 8, qbase + (first + (in ? q0 + s : 0)) * P.q_st + c8 * 8, in);
+    // A thread copies the same 16 bytes of rows r0, r0 + kQStep, ...: one row address computed per
+    // block, then stepped (a 64-bit product per copy before, a quarter of the loop's integer work).
+    const int qr0 = tid / (DH / 8), qc = (tid % (DH / 8)) * 8, dr0 = tid / (E / 8), dc = (tid % (E / 8)) * 8;
+    const T* qsrc = qbase + (first + q0 + qr0) * P.q_st + qc;
+    const T* dsrc = dbase + (first + q0 + dr0) * P.o_st + dc;
+#pragma unroll
+    for (int i = 0; i < kRows / kQStep; ++i) {
+      const int s = qr0 + i * kQStep;
+      const bool in = q0 + s < len;  // a row past the chunk reads nothing (its address: the head's first row)
+      copy_async<16>(qs + s * kKS + qc, in ? qsrc + i * kQStep * P.q_st : qbase, in);
     }
-    for (int vi = tid; vi < kRows * E / 8; vi += kThreads) {
-      const int s = vi / (E / 8), c8 = vi % (E / 8);
+#pragma unroll
+    for (int i = 0; i < kRows / kDStep; ++i) {
+      const int s = dr0 + i * kDStep;
       const bool in = q0 + s < len;
-      copy_async<16>(ds + s * kVS + c8 * 8, dbase + (first + (in ? q0 + s : 0)) * P.o_st + c8 * 8, in);
+      copy_async<16>(ds + s * kVS + dc, in ? dsrc + i * kDStep * P.o_st : dbase, in);
     }
     copy_async_commit();
   };
-  struct row_values {
-    float gq, dd, rd;
-    int fk;
-  };
-  auto load_row = [&](int step) {  // row tid's values (tid < kRows)
+  auto load_row = [&](int step) {  // row tid's values (tid < kRows): {gq, dd, r, first key}
     const int64_t qh = kv * group + step / blocks;
     const int q0 = k0 + (step % blocks) * kRows;
     const bool in = q0 + tid < len;
     const int64_t i = first + q0 + tid;
-    row_values r;
-    r.gq = in ? P.g.since_reset(bh, P.t, i) * kLog2e : 0.f;
-    r.fk = in ? P.g.first_key(bh, P.t, i) : int(len);  // rows past the chunk see no key
-    r.dd = in && P.dden ? P.dden[(batch * P.t + i) * P.hq + qh] : 0.f;
-    r.rd = !in ? 0.f : P.rden ? P.rden[(batch * P.t + i) * P.hq + qh] : 1.f;
+    float4 r;
+    r.x = in ? P.g.since_reset(bh, P.t, i) * kLog2e : 0.f;
+    r.y = in && P.dden ? P.dden[(batch * P.t + i) * P.hq + qh] : 0.f;
+    r.z = !in ? 0.f : P.rden ? P.rden[(batch * P.t + i) * P.hq + qh] : 1.f;
+    r.w = __int_as_float(in ? P.g.first_key(bh, P.t, i) : int(len));  // rows past the chunk see no key
     return r;
   };
-  auto store_row = [&](const row_values& r, int buf) {
-    gq0[buf * kRows + tid] = r.gq, fk0[buf * kRows + tid] = r.fk;
-    dd0[buf * kRows + tid] = r.dd, rd0[buf * kRows + tid] = r.rd;
-  };
+  auto store_row = [&](const float4& r, int buf) { rows0[buf * kRows + tid] = r; };
   if (steps > 0) {
     issue_rows(0, 0);
     if (tid < kRows) store_row(load_row(0), 0);
@@ -183,7 +179,7 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
     const int64_t qh = kv * group + step / blocks;
     const int q0 = k0 + (step % blocks) * kRows;
     const bool more = step + 1 < steps;
-    row_values next{};
+    float4 next{};
     if (more) {
       issue_rows(step + 1, buf ^ 1);
       if (tid < kRows) next = load_row(step + 1);
@@ -198,14 +194,23 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
     if (more && tid < kRows) store_row(next, buf ^ 1);
     const T* qs = qs0 + buf * kRows * kKS;
     const T* ds = ds0 + buf * kRows * kVS;
-    const float* gq = gq0 + buf * kRows;
-    const float* dd = dd0 + buf * kRows;
-    const float* rd = rd0 + buf * kRows;
-    const int* fk = fk0 + buf * kRows;
+    const float4* rows = rows0 + buf * kRows;
     // S^T = K Q^T and V dout^T for this warp's 16 keys and the 64 queries.
     float st[8][4], dpt[8][4];
-    rows_times_rows<T, DH>(st, ka, qs, kKS, lane);
-    rows_times_rows<T, E>(dpt, va, ds, kVS, lane);
+    // This warp's 16 keys and values as A fragments, loaded again for each block: kept in registers
+    // across the blocks they took 32 of the 168 and pushed the loop into spilling (368 bytes).
+    {
+      uint32_t ka[DH / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < DH / 16; ++kk) ldmatrix_x4(ka[kk], ks + (warp * 16 + (lane & 15)) * kKS + kk * 16 + (lane >> 4) * 8);
+      rows_times_rows<T, DH>(st, ka, qs, kKS, lane);
+    }
+    {
+      uint32_t va[E / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < E / 16; ++kk) ldmatrix_x4(va[kk], vs + (warp * 16 + (lane & 15)) * kVS + kk * 16 + (lane >> 4) * 8);
+      rows_times_rows<T, E>(dpt, va, ds, kVS, lane);
+    }
     // (r A)^T and B^T, packed as A fragments over the queries (k16 slice kk = n-tiles 2kk, 2kk+1),
     // and the sums of A M by query (over this CTA's keys, added to row_am) and by key.
     uint32_t aa[4][4], ba[4][4];
@@ -217,14 +222,15 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int hf = i >> 1, row = nt * 8 + 2 * tq + (i & 1), key = key_local[hf];
-        const bool valid = q0 + row >= key && key >= fk[row];
+        const float4 rv = rows[row];  // the same two rows for every hf: loaded once
+        const bool valid = q0 + row >= key && key >= __float_as_int(rv.w);
         const float s = P.scale * st[nt][i];
-        const float decay = valid ? fast_exp2(gq[row] - gkey[hf]) : 0.f;
+        const float decay = valid ? fast_exp2(rv.x - gkey[hf]) : 0.f;
         float pw = 1.f;  // s^(p-1)
 #pragma unroll
         for (int k = 1; k < kP; ++k) pw *= s;
-        const float a = pw * s * decay, mm = fmaf(dpt[nt][i], rd[row], dd[row]);
-        a_val[i] = a * rd[row];
+        const float a = pw * s * decay, mm = fmaf(dpt[nt][i], rv.z, rv.y);
+        a_val[i] = a * rv.z;
         b_val[i] = float(kP) * pw * decay * mm;
         key_sum[hf] = fmaf(a, mm, key_sum[hf]);
         am_col[i & 1] = fmaf(a, mm, am_col[i & 1]);
