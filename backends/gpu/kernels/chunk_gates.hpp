@@ -7,7 +7,7 @@
 
 namespace expanse_gpu {
 
-constexpr int kChunkGatesThreads = 256;
+constexpr int kChunkGatesThreads = 1024;  // one chunk per head at short t: the block is all the parallelism
 
 // A run of tokens as a segmented-scan element: the sum since the run's last reset (or its start),
 // and that reset's chunk-local index (-1: none in the run).
@@ -28,7 +28,7 @@ struct gate_arrays {
 
 // One block per (chunk, head, batch): each thread sums a run of consecutive tokens, a block scan
 // of the run sums gives each run what comes before it, then each thread writes its run.
-__global__ void chunk_gates_kernel(expanse_tensor log_g, int64_t t, int64_t h, int64_t c, int64_t n, gate_arrays out) {
+__global__ void __launch_bounds__(kChunkGatesThreads) chunk_gates_kernel(expanse_tensor log_g, int64_t t, int64_t h, int64_t c, int64_t n, gate_arrays out) {
   __shared__ double run_sums[kChunkGatesThreads];
   __shared__ int64_t run_resets[kChunkGatesThreads];
   const int64_t m = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;

@@ -125,7 +125,7 @@ void launch_gate_gradients(const expanse_op& op, const float* boundary, backward
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
   const int64_t chunks = pb.b * pb.h * pb.n;
   if (a.dlog_g && chunks > 0 && pb.t > 0) {
-    gate_gradients_kernel<<<unsigned(chunks), kBackwardThreads, 0, lc.stream>>>(*a.log_g, *a.dlog_g, w, boundary, pb);
+    gate_gradients_kernel<<<unsigned(chunks), kGateThreads, 0, lc.stream>>>(*a.log_g, *a.dlog_g, w, boundary, pb);
     check_launch("power_attention_backward dlog_g");
   }
 }
