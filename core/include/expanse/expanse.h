@@ -597,9 +597,9 @@ EXPANSE_API expanse_status expanse_context_parallel_power_attention(expanse_cont
 /* Its gradients, every rank calling it with its piece: o its output, dout its cotangent; dfinal_S /
  * dfinal_z (the cotangent of the sequence's final state) and the initial state hold the same values on
  * every rank. dq, dk, dv, dlog_g receive this piece's gradients; dinitial_S/dinitial_z the initial
- * state's gradient on rank 0 and zeros on the others. Each rank sends its forward exchange again and
- * the cotangent of its entering state, and runs its piece's backward twice (the first for that
- * cotangent). */
+ * state's gradient on rank 0 and zeros on the others. Each rank sends its forward exchange again
+ * (sequence_state of its piece first) and the cotangent of its entering state, during one
+ * expanse_power_attention_backward_exchange of its piece. */
 EXPANSE_API expanse_status expanse_context_parallel_power_attention_backward(
     expanse_context* ctx, const expanse_context_parallel* cp, const expanse_power_attention_backward_args* a);
 
