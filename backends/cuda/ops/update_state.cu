@@ -106,8 +106,9 @@ static void launch_mma_update_state_form(const expanse_tensor& k, const expanse_
   with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
-    launch_with_smem(mma_update_state_kernel<T, DH, E, kSplit>, ctas, kThreads,
-                     mma_update_state_smem<T, DH, E, kSplit>(), lc.stream, P);
+    const size_t smem = mma_update_state_smem<T, DH, E, kSplit>();
+    if (pb.p <= 2) launch_with_smem(mma_update_state_kernel<T, DH, E, kSplit, 2>, ctas, kThreads, smem, lc.stream, P);
+    else launch_with_smem(mma_update_state_kernel<T, DH, E, kSplit, 4>, ctas, kThreads, smem, lc.stream, P);
   });
   check_launch(kSplit ? "mma update_state (split operands)" : "mma update_state");
 }

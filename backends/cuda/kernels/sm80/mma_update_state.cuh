@@ -81,7 +81,9 @@ constexpr size_t mma_update_state_smem() {
   return 2 * (size_t(DH + 1) * kTokPad + size_t(kTok) * (E + 8)) * sizeof(T) + (kSplit ? 2 * kTok * sizeof(float) : 0);
 }
 
-template <class T, int DH, int E, bool kSplit = false>
+// kMaxP (2 or 4) bounds p at compile time: with the bound at 4 for every p, the factors k = 2, 3 of
+// phi's products were issued (predicated off) for p = 2 too, a third of the loop's instructions.
+template <class T, int DH, int E, bool kSplit = false, int kMaxP = 4>
 __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_state_params P) {
   using namespace mma_update_state_cfg;
   constexpr int kVS = E + 8;             // row stride of the V tile (e columns + the z tile)
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
   const float A = P.g.chunk_total(bh, P.n, m);
 
   // This lane's 4 rows of phi (m tile mt, half hf: row g + 8 hf) and their key-row offsets.
-  int koff[2][2][4];
+  int koff[2][2][kMaxP];
   float coef[2][2];
   int64_t rows[2][2];
 #pragma unroll
@@ -120,7 +122,7 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
       if (r < P.D) e = P.table[r];
       coef[mt][hf] = r < P.D ? e.coef : 0.f;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) koff[mt][hf][k] = (r < P.D && k < P.p ? e.idx[k] : d) * kTokPad;
+      for (int k = 0; k < kMaxP; ++k) koff[mt][hf][k] = (r < P.D && k < P.p ? e.idx[k] : d) * kTokPad;
     }
 
   for (int i = tid; i < kTokPad; i += kThreads) {  // the zero row of both key buffers
@@ -235,7 +237,7 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
           if constexpr (kSplit) {  // the product and its gate in f32, then hi + lo
             float2 x = unpack2_f32<T>(prod);
 #pragma unroll
-            for (int k = 1; k < 4; ++k)
+            for (int k = 1; k < kMaxP; ++k)
               if (k < P.p) {
                 const float2 y = unpack2_f32<T>(*reinterpret_cast<const uint32_t*>(kb + koff[mt][hf][k] + s));
                 x.x *= y.x, x.y *= y.y;
@@ -244,7 +246,7 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
             split2_f32<T>(x.x * w.x, x.y * w.y, a[mt][q], a_lo[mt][q]);
           } else {
 #pragma unroll
-            for (int k = 1; k < 4; ++k)
+            for (int k = 1; k < kMaxP; ++k)
               if (k < P.p) prod = mul2<T>(prod, *reinterpret_cast<const uint32_t*>(kb + koff[mt][hf][k] + s));
             a[mt][q] = prod;
           }
