@@ -256,42 +256,46 @@ struct state_entry {
 
 // After a reverse scan that started from zero (expanse_power_attention_backward_exchange: dfinal
 // arrives later), dfinal's share, the scan being linear in its start: slot m (dY_{m+1}) +=
-// exp(A_{m+1} + ... + A_{n-1}) dfinal and dinitial += exp(A_0 + ... + A_{n-1}) dfinal. One block per
-// (kv head, slot m or, as m = n, dinitial, kFinalEntries entries of the head): its first 32 threads
-// sum the decay once, then every (slot, entry) is independent. A thread per entry carrying the decay
-// down the chunks (a dependent chain of loads per thread) took 3.8 ms at 1M tokens of P1 on an H200.
-constexpr int kFinalEntries = 8 * kBackwardThreads;
+// exp(A_{m+1} + ... + A_{n-1}) dfinal and dinitial += exp(A_0 + ... + A_{n-1}) dfinal. A block per
+// (kv head, slot m or, as m = n, dinitial, `per_block` entries of the head), over the grid: its first
+// 32 threads sum the decay once, then every (slot, entry) is independent. A thread per entry
+// carrying the decay down the chunks (a dependent chain of loads per thread) took 3.8 ms at 1M tokens
+// of P1 on an H200. The launcher makes per_block grow with n, so that the decay's sum (up to n
+// loads) never outweighs the block's entries.
 [[maybe_unused]] static __global__ void __launch_bounds__(kBackwardThreads)
-    final_cotangent_kernel(backward_states st, scan_ends ends, gates g, expanse_problem pb) {
+    final_cotangent_kernel(backward_states st, scan_ends ends, gates g, expanse_problem pb, int64_t per_block) {
   __shared__ float share;
   const int64_t per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
-  const int64_t tiles = (per_head + kFinalEntries - 1) / kFinalEntries, rest = quotient(blockIdx.x, tiles);
-  const int64_t tile = blockIdx.x - rest * tiles, head = quotient(rest, pb.n + 1), m = rest - head * (pb.n + 1);
-  const int64_t kv = head % pb.h, batch = head / pb.h;
-  if (threadIdx.x < 32) {
-    float sum = 0.f;
-    for (int64_t j = (m == pb.n ? 0 : m + 1) + threadIdx.x; j < pb.n; j += 32) sum += g.chunk_total(head, pb.n, j);
-    for (int o = 16; o > 0; o >>= 1) sum += shfl_xor_group(sum, o);
-    if (threadIdx.x == 0) share = expf(sum);
-  }
-  __syncthreads();
-  const float decay = share;
-  if (decay == 0.f) return;  // a reset after the slot
-  const int64_t end = min(per_head, (tile + 1) * kFinalEntries);
-  for (int64_t entry = tile * kFinalEntries + threadIdx.x; entry < end; entry += kBackwardThreads) {
-    const state_entry at(entry, per_head, pb);
-    float dfinal = 0.f;
-    if (!at.is_z && ends.dfinal_S.data) dfinal = *ptrf(ends.dfinal_S, off4(ends.dfinal_S, batch, kv, at.r, at.col));
-    if (at.is_z && ends.dfinal_z.data) dfinal = *ptrf(ends.dfinal_z, off3(ends.dfinal_z, batch, kv, at.r));
-    if (dfinal == 0.f) continue;
-    float* slot = nullptr;
-    if (m < pb.n)
-      slot = at.is_z ? ptrf(st.dZ, off4(st.dZ, batch, m, kv, at.r)) : ptrf(st.dY, off5(st.dY, batch, m, kv, at.r, at.col));
-    else if (!at.is_z && ends.dinitial_S.data)
-      slot = ptrf(ends.dinitial_S, off4(ends.dinitial_S, batch, kv, at.r, at.col));
-    else if (at.is_z && ends.dinitial_z.data)
-      slot = ptrf(ends.dinitial_z, off3(ends.dinitial_z, batch, kv, at.r));
-    if (slot) *slot += decay * dfinal;
+  const int64_t tiles = (per_head + per_block - 1) / per_block, blocks = tiles * pb.b * pb.h * (pb.n + 1);
+  for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    const int64_t rest = quotient(blk, tiles), tile = blk - rest * tiles;
+    const int64_t head = quotient(rest, pb.n + 1), m = rest - head * (pb.n + 1);
+    const int64_t kv = head % pb.h, batch = head / pb.h;
+    if (threadIdx.x < 32) {
+      float sum = 0.f;
+      for (int64_t j = (m == pb.n ? 0 : m + 1) + threadIdx.x; j < pb.n; j += 32) sum += g.chunk_total(head, pb.n, j);
+      for (int o = 16; o > 0; o >>= 1) sum += shfl_xor_group(sum, o);
+      if (threadIdx.x == 0) share = expf(sum);
+    }
+    __syncthreads();
+    const float decay = share;
+    const int64_t end = decay == 0.f ? 0 : min(per_head, (tile + 1) * per_block);  // 0: a reset after the slot
+    for (int64_t entry = tile * per_block + threadIdx.x; entry < end; entry += kBackwardThreads) {
+      const state_entry at(entry, per_head, pb);
+      float dfinal = 0.f;
+      if (!at.is_z && ends.dfinal_S.data) dfinal = *ptrf(ends.dfinal_S, off4(ends.dfinal_S, batch, kv, at.r, at.col));
+      if (at.is_z && ends.dfinal_z.data) dfinal = *ptrf(ends.dfinal_z, off3(ends.dfinal_z, batch, kv, at.r));
+      if (dfinal == 0.f) continue;
+      float* slot = nullptr;
+      if (m < pb.n)
+        slot = at.is_z ? ptrf(st.dZ, off4(st.dZ, batch, m, kv, at.r)) : ptrf(st.dY, off5(st.dY, batch, m, kv, at.r, at.col));
+      else if (!at.is_z && ends.dinitial_S.data)
+        slot = ptrf(ends.dinitial_S, off4(ends.dinitial_S, batch, kv, at.r, at.col));
+      else if (at.is_z && ends.dinitial_z.data)
+        slot = ptrf(ends.dinitial_z, off3(ends.dinitial_z, batch, kv, at.r));
+      if (slot) *slot += decay * dfinal;
+    }
+    __syncthreads();  // `share` is written again for the next block
   }
 }
 

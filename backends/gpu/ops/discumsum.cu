@@ -85,7 +85,7 @@ void launch_add_initial(const expanse_tensor& Y, const expanse_tensor& A, const 
   for (int dim = 3; dim < Y.ndim; ++dim) elems *= Y.shape[dim];
   const int64_t blocks = Y.shape[0] * Y.shape[2] * n;
   if (blocks == 0 || elems == 0) return;
-  const unsigned grid = static_cast<unsigned>(blocks < (int64_t(1) << 30) ? blocks : (int64_t(1) << 30));
+  const unsigned grid = grid_for(blocks * kAddInitialThreads, kAddInitialThreads);  // the kernel strides over the rest
   const expanse_tensor at_chunk = with_chunk_axis(&init);
   if (trailing_dense(Y) && trailing_dense(at_chunk))
     add_initial_kernel<true><<<grid, kAddInitialThreads, 0, stream>>>(Y, A, at_chunk, n, elems);

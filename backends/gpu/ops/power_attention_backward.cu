@@ -114,8 +114,13 @@ void launch_final_cotangent(const expanse_op& op, const backward_states& st, con
   const int64_t heads = pb.b * pb.h, per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
   if (heads * per_head == 0) return;
   const scan_ends ends = ends_of(args_of<expanse_power_attention_backward_args>(op), fw);
-  const int64_t tiles = (per_head + kFinalEntries - 1) / kFinalEntries;
-  final_cotangent_kernel<<<unsigned(tiles * heads * (pb.n + 1)), kBackwardThreads, 0, lc.stream>>>(st, ends, g, pb);
+  // At least 8 entries per thread, and at least 4 (n + 1) per block: the block's decay sum reads up to
+  // n chunk totals.
+  const int64_t per_block = ((std::max<int64_t>(8 * kBackwardThreads, 4 * (pb.n + 1)) + kBackwardThreads - 1) /
+                             kBackwardThreads) * kBackwardThreads;
+  const int64_t blocks = (per_head + per_block - 1) / per_block * heads * (pb.n + 1);
+  final_cotangent_kernel<<<grid_for(blocks * kBackwardThreads, kBackwardThreads), kBackwardThreads, 0, lc.stream>>>(
+      st, ends, g, pb, per_block);
   check_launch("power_attention_backward final cotangent");
   launch_boundary_sums(pb, st, ends, boundary, lc);
 }
