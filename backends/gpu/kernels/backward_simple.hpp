@@ -271,14 +271,8 @@ struct state_entry {
     const int64_t rest = quotient(blk, tiles), tile = blk - rest * tiles;
     const int64_t head = quotient(rest, pb.n + 1), m = rest - head * (pb.n + 1);
     const int64_t kv = head % pb.h, batch = head / pb.h;
-    if (threadIdx.x < 32) {
-      float sum = 0.f;
-      for (int64_t j = (m == pb.n ? 0 : m + 1) + threadIdx.x; j < pb.n; j += 32) sum += g.chunk_total(head, pb.n, j);
-      for (int o = 16; o > 0; o >>= 1) sum += shfl_xor_group(sum, o);
-      if (threadIdx.x == 0) share = expf(sum);
-    }
-    __syncthreads();
-    const float decay = share;
+    const float decay = block_exp_sum(m == pb.n ? 0 : m + 1, pb.n, [&](int64_t j) { return g.chunk_total(head, pb.n, j); },
+                                      share);
     const int64_t end = decay == 0.f ? 0 : min(per_head, (tile + 1) * per_block);  // 0: a reset after the slot
     for (int64_t entry = tile * per_block + threadIdx.x; entry < end; entry += kBackwardThreads) {
       const state_entry at(entry, per_head, pb);

@@ -148,6 +148,22 @@ struct gates {
 
 // a / b for non-negative a, b, in 32-bit arithmetic where both fit: a 64-bit division is a long
 // software routine on GPUs (three per row took most of the per-token kernels' instructions).
+// exp of the sum of term(j) over j in [lo, hi), summed by the block's first 32 threads and handed to
+// every thread through `share` (a decay over chunks, loaded once per block rather than carried by
+// each thread). Holds a barrier: every thread of the block calls it, and calls __syncthreads()
+// before `share` is written again.
+template <class Term>
+__device__ __forceinline__ float block_exp_sum(int64_t lo, int64_t hi, Term term, float& share) {
+  if (threadIdx.x < 32) {
+    float sum = 0.f;
+    for (int64_t j = lo + threadIdx.x; j < hi; j += 32) sum += term(j);
+    for (int o = 16; o > 0; o >>= 1) sum += shfl_xor_group(sum, o);
+    if (threadIdx.x == 0) share = expf(sum);
+  }
+  __syncthreads();
+  return share;
+}
+
 __device__ __forceinline__ int64_t quotient(int64_t a, int64_t b) {
   return a <= INT32_MAX && b <= INT32_MAX ? int64_t(uint32_t(a) / uint32_t(b)) : a / b;
 }

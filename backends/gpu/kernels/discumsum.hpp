@@ -73,15 +73,8 @@ __global__ void add_initial_kernel(expanse_tensor Y, expanse_tensor A, expanse_t
   __shared__ float share;
   for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
     const int64_t m = blk % n, head = (blk / n) % h, batch = blk / (n * h);
-    if (threadIdx.x < 32) {
-      float sum = 0.f;
-      if (A.data)
-        for (int64_t j = threadIdx.x; j < m; j += 32) sum += *ptrf(A, off3(A, batch, j, head));
-      for (int o = 16; o > 0; o >>= 1) sum += shfl_xor_group(sum, o);
-      if (threadIdx.x == 0) share = expf(sum);
-    }
-    __syncthreads();
-    const float decay = share;
+    const float decay =
+        block_exp_sum(0, A.data ? m : 0, [&](int64_t j) { return *ptrf(A, off3(A, batch, j, head)); }, share);
     if (decay != 0.f) {  // zero after a reset
       float* ys = ptrf(Y, batch * Y.strides[0] + m * Y.strides[1] + head * Y.strides[2]);
       const int64_t init_at = batch * init.strides[0] + head * init.strides[2];
