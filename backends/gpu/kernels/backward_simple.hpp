@@ -301,12 +301,12 @@ struct state_entry {
 constexpr int kBoundaryEntries = 8 * kBackwardThreads;
 [[maybe_unused]] static __global__ void __launch_bounds__(kBackwardThreads)
     boundary_sums_kernel(backward_states st, scan_ends ends, expanse_problem pb, float* boundary) {
-  __shared__ float scratch[kBackwardGroups + 1];
+  __shared__ double scratch[kBackwardGroups + 1];  // f64: the term cancels against the chunk's q . dq - k . dk
   const int64_t De = pb.D * pb.e, per_head = De + (st.dZ.data ? pb.D : 0);
   const int64_t tiles = (per_head + kBoundaryEntries - 1) / kBoundaryEntries, rest = quotient(blockIdx.x, tiles);
   const int64_t tile = blockIdx.x - rest * tiles, head = quotient(rest, pb.n), m = rest - head * pb.n;
   const int64_t kv = head % pb.h, batch = head / pb.h;
-  float sum = 0.f;
+  double sum = 0.0;
   for (int64_t entry = tile * kBoundaryEntries + threadIdx.x; entry < min(per_head, (tile + 1) * kBoundaryEntries);
        entry += kBackwardThreads) {
     const state_entry at(entry, per_head, pb);
@@ -315,10 +315,10 @@ constexpr int kBoundaryEntries = 8 * kBackwardThreads;
     else if (at.is_z && ends.z_final) next = ends.z_final[head * pb.D + at.r];
     else if (!at.is_z && ends.S_final) next = ends.S_final[head * De + entry];
     if (next != 0.f)
-      sum += next * (at.is_z ? *ptrf(st.dZ, off4(st.dZ, batch, m, kv, at.r)) : *ptrf(st.dY, off5(st.dY, batch, m, kv, at.r, at.col)));
+      sum += double(next) * (at.is_z ? *ptrf(st.dZ, off4(st.dZ, batch, m, kv, at.r)) : *ptrf(st.dY, off5(st.dY, batch, m, kv, at.r, at.col)));
   }
   sum = block_sum(sum, scratch);
-  if (threadIdx.x == 0 && sum != 0.f) atomicAdd(boundary + head * pb.n + m, sum);
+  if (threadIdx.x == 0 && sum != 0.0) atomicAdd(boundary + head * pb.n + m, float(sum));
 }
 
 // One block per (batch, token, query head): dq from the state entering the chunk (st.S) and/or the
@@ -327,10 +327,10 @@ template <class T>
 __global__ void query_gradients_kernel(backward_tensors in, backward_states st, backward_work w, gates g,
                                        const phi_entry* table, expanse_problem pb, backward_form form) {
   __shared__ float qs[kBackwardMaxDim], qu[kBackwardMaxDim], dnum[kBackwardMaxDim];
-  __shared__ float douts[kBackwardMaxDim], os[kBackwardMaxDim], scratch[kBackwardGroups + 1];  // form.exact: dout_i, o_i
+  __shared__ float douts[kBackwardMaxDim], os[kBackwardMaxDim];  // form.exact: dout_i, o_i
   // dq summed in f64: the state's term cancels (S_m dout_i against z_m dout_i . o_i, then D products
   // of J_phi^T), and in f32 it left dq 9.2e-6 off on a case of the table (tolerance 1e-5).
-  __shared__ double acc[kBackwardMaxDim];
+  __shared__ double acc[kBackwardMaxDim], scratch64[kBackwardGroups + 1];
   const int64_t qh = blockIdx.x % pb.hq, i = (blockIdx.x / pb.hq) % pb.t, batch = blockIdx.x / (pb.hq * pb.t);
   const int64_t kv = qh / (pb.hq / pb.h), bh = batch * pb.h + kv, m = i / pb.c, row = blockIdx.x;
   for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) {
@@ -376,14 +376,13 @@ __global__ void query_gradients_kernel(backward_tensors in, backward_states st, 
     }
   }
   __syncthreads();
-  float qdq = 0.f;
+  double qdq = 0.0;  // q . dq from the f64 sums (dlog_g takes q . dq - k . dk, which cancel)
   for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) {
-    const float grad = float(pb.scale * acc[x]);
-    store_any(in.dq, off4(in.dq, batch, i, qh, x), grad);
-    qdq += qs[x] * grad;
+    store_any(in.dq, off4(in.dq, batch, i, qh, x), float(pb.scale * acc[x]));
+    qdq += double(qu[x]) * acc[x];
   }
-  qdq = block_sum(qdq, scratch);
-  if (threadIdx.x == 0) w.qdq[row] = qdq / float(pb.scale);  // q . dq (qs = scale q)
+  qdq = block_sum(qdq, scratch64);
+  if (threadIdx.x == 0) w.qdq[row] = float(pb.scale * qdq);
 }
 
 // One block per (batch, token, kv head): dk, dv from the state cotangent chunk j's key sees (st.dY)
@@ -391,20 +390,23 @@ __global__ void query_gradients_kernel(backward_tensors in, backward_states st, 
 template <class T>
 __global__ void key_gradients_kernel(backward_tensors in, backward_states st, backward_work w, gates g,
                                      const phi_entry* table, expanse_problem pb, backward_form form) {
-  __shared__ float kk[kBackwardMaxDim], vv[kBackwardMaxDim], acck[kBackwardMaxDim], accv[kBackwardMaxDim];
-  __shared__ float scratch[kBackwardGroups + 1];
+  __shared__ float kk[kBackwardMaxDim], vv[kBackwardMaxDim], accv[kBackwardMaxDim];
+  // dk summed in f64, as dq is: k . dk - q . dq cancel in dlog_g (an f32 dk left it 1.4e-5 off, once
+  // in about 300 seeds, on the table's f32 case of one token with initial and final states).
+  __shared__ double acck[kBackwardMaxDim], scratch64[kBackwardGroups + 1];
   const int64_t kv = blockIdx.x % pb.h, j = (blockIdx.x / pb.h) % pb.t, batch = blockIdx.x / (pb.h * pb.t);
   const int64_t bh = batch * pb.h + kv, m = j / pb.c, first = m * pb.c, last = min(first + pb.c, pb.t) - 1;
   const int64_t group = pb.hq / pb.h;
-  for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) kk[x] = load<T>(in.k, off4(in.k, batch, j, kv, x)), acck[x] = 0.f;
+  for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) kk[x] = load<T>(in.k, off4(in.k, batch, j, kv, x)), acck[x] = 0.0;
   for (int64_t y = threadIdx.x; y < pb.e; y += blockDim.x) vv[y] = load<T>(in.v, off4(in.v, batch, j, kv, y)), accv[y] = 0.f;
   __syncthreads();
   if (st.dY.data) {  // dphi_r = exp(A_m - Gc_j) (dY[r] . v_j + dZ[r])
     const float decay = g.keys().to_chunk_end(bh, pb.t, pb.n, m, j);
     for (int64_t r = threadIdx.x; decay != 0.f && r < pb.D; r += blockDim.x) {
-      float u = dot_with(vv, pb.e, [&](int64_t y) { return loadf(st.dY, off5(st.dY, batch, m, kv, r, y)); });
+      double u = 0.0;
+      for (int64_t y = 0; y < pb.e; ++y) u += double(vv[y]) * loadf(st.dY, off5(st.dY, batch, m, kv, r, y));
       if (st.dZ.data) u += loadf(st.dZ, off4(st.dZ, batch, m, kv, r));
-      if (u != 0.f) add_pullback(table[r], pb.p, kk, decay * u, acck);
+      if (u != 0.0) add_pullback(table[r], pb.p, kk, double(decay) * u, acck);
     }
     for (int64_t y = threadIdx.x; decay != 0.f && y < pb.e; y += blockDim.x) {
       float s = 0.f;
@@ -436,18 +438,18 @@ __global__ void key_gradients_kernel(backward_tensors in, backward_states st, ba
       if (A != 0.f)
         for (int64_t y = 0; y < pb.e; ++y) atomicAdd(&accv[y], A * dn[y]);
       if (B != 0.f)
-        for (int64_t x = 0; x < pb.d; ++x) atomicAdd(&acck[x], B * qs(x));
+        for (int64_t x = 0; x < pb.d; ++x) atomicAdd(&acck[x], double(B) * qs(x));
     }
   }
   __syncthreads();
-  float kdk = 0.f;
+  double kdk = 0.0;
   for (int64_t x = threadIdx.x; x < pb.d; x += blockDim.x) {
-    store_any(in.dk, off4(in.dk, batch, j, kv, x), acck[x]);
-    kdk += kk[x] * acck[x];
+    store_any(in.dk, off4(in.dk, batch, j, kv, x), float(acck[x]));
+    kdk += double(kk[x]) * acck[x];
   }
   for (int64_t y = threadIdx.x; y < pb.e; y += blockDim.x) store_any(in.dv, off4(in.dv, batch, j, kv, y), accv[y]);
-  kdk = block_sum(kdk, scratch);
-  if (threadIdx.x == 0) w.kdk[(batch * pb.t + j) * pb.h + kv] = kdk;
+  kdk = block_sum(kdk, scratch64);
+  if (threadIdx.x == 0) w.kdk[(batch * pb.t + j) * pb.h + kv] = float(kdk);
 }
 
 // One block per (batch, kv head, chunk): dlog_g_l = the sum of dG_i over the tokens i >= l of l's chunk

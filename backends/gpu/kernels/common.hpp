@@ -146,8 +146,6 @@ struct gates {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (count);  \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-// a / b for non-negative a, b, in 32-bit arithmetic where both fit: a 64-bit division is a long
-// software routine on GPUs (three per row took most of the per-token kernels' instructions).
 // exp of the sum of term(j) over j in [lo, hi), summed by the block's first 32 threads and handed to
 // every thread through `share` (a decay over chunks, loaded once per block rather than carried by
 // each thread). Holds a barrier: every thread of the block calls it, and calls __syncthreads()
@@ -164,6 +162,8 @@ __device__ __forceinline__ float block_exp_sum(int64_t lo, int64_t hi, Term term
   return share;
 }
 
+// a / b for non-negative a, b, in 32-bit arithmetic where both fit: a 64-bit division is a long
+// software routine on GPUs (three per row took most of the per-token kernels' instructions).
 __device__ __forceinline__ int64_t quotient(int64_t a, int64_t b) {
   return a <= INT32_MAX && b <= INT32_MAX ? int64_t(uint32_t(a) / uint32_t(b)) : a / b;
 }
