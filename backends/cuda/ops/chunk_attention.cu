@@ -5,17 +5,10 @@
 #include "gpu/ops/chunk_attention.hpp"
 #include "gpu/ops/implementations.hpp"
 #include "kernels/sm80/flash_chunk_attention.cuh"
+#include "ops/flash_chunk_attention.hpp"
 #include "ops/op_common.hpp"
 
 namespace expanse_cuda {
-
-// This backend's own implementations: why each declines a problem, and its launcher (defined
-// below, declared here for the list's entries that call them; an empty in.y: l and rowmax alone,
-// for power_attention_backward).
-std::string flash_chunk_attention_declines(const expanse_problem& pb, const attention_inputs& in,
-                                           const device_props& props);
-void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, const expanse_problem& pb,
-                                  launch_context& lc);
 
 namespace {
 

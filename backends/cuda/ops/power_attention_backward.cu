@@ -25,6 +25,7 @@
 #include "gpu/ops/implementations.hpp"
 #include "gpu/ops/power_attention_backward.hpp"
 #include "kernels/sm80/flash_chunk_attention_backward.cuh"
+#include "ops/flash_chunk_attention.hpp"
 #include "ops/op_common.hpp"
 #include "ops/state_pullback.hpp"
 
@@ -39,10 +40,6 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
 void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
                                const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                                launch_context& lc);
-
-// ops/chunk_attention.cu: the flash kernel; with an empty in.y, l and rowmax alone.
-void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, const expanse_problem& pb,
-                                  launch_context& lc);
 
 namespace {
 

@@ -8,19 +8,13 @@
 #include <string>
 
 #include "dispatch.hpp"
-#include "gpu/ops/chunk_attention.hpp"
 #include "gpu/ops/common.hpp"
 #include "gpu/ops/implementations.hpp"
 #include "kernels/sm80/fused_state_pass.cuh"
+#include "ops/flash_chunk_attention.hpp"
 #include "ops/op_common.hpp"
 
 namespace expanse_cuda {
-
-// ops/chunk_attention.cu: the flash kernel.
-std::string flash_chunk_attention_declines(const expanse_problem& pb, const attention_inputs& in,
-                                           const device_props& props);
-void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, const expanse_problem& pb,
-                                  launch_context& lc);
 
 namespace {
 
