@@ -38,7 +38,8 @@ constexpr int kDim = 64;          // d
 constexpr int kTiles = kDim / 8;  // 8-wide tiles of the key
 constexpr int kBlocks = kTiles * (kTiles + 1) / 2;
 constexpr int kChunk = 128;       // tokens per step
-constexpr int kKeyStride = kChunk + 8;  // b16 per row of the transposed keys (the pad spreads the banks)
+constexpr int kKeyStride = kChunk + 16;  // b16 per row of the transposed keys: 72 words, 8 banks apart
+constexpr int kRawStride = kDim + 8;     // b16 per row of the raw k and q tiles: 36 words, 4 banks apart
 constexpr int kQueryStride = kDim + 8;  // f16 per row of the query tile
 }  // namespace fused_cfg
 
@@ -111,7 +112,7 @@ struct fused_smem {
   static constexpr size_t scales = size_t(fused_cfg::kChunk + 2 * kColsZ) * 4;
   // the next chunk's inputs as they are in memory (k, the CTA's v columns, the group's first q head,
   // the keys' gate sums), copied by cp.async while this chunk computes
-  static constexpr size_t raw_k = size_t(fused_cfg::kChunk) * fused_cfg::kDim * 2;
+  static constexpr size_t raw_k = size_t(fused_cfg::kChunk) * fused_cfg::kRawStride * 2;
   static constexpr size_t raw_v = size_t(fused_cfg::kChunk) * NCOL * 2;
   static constexpr size_t raw_g = size_t(fused_cfg::kChunk) * 4;
   static constexpr size_t bytes = keys + values + query + state + scales + 2 * raw_k + raw_v + raw_g;
@@ -133,8 +134,8 @@ __global__ void __launch_bounds__(WB * 32) fused_state_pass_kernel(fused_params 
   int* col_exp = row_exp + kChunk;                                               // [kColsZ]
   unsigned* col_max = reinterpret_cast<unsigned*>(col_exp + L::kColsZ);          // [kColsZ]
   unsigned char* raw = smem + L::keys + L::values + L::query + L::state + L::scales;
-  T* raw_k = reinterpret_cast<T*>(raw);                                  // [kChunk][kDim]
-  T* raw_q = reinterpret_cast<T*>(raw + L::raw_k);                       // [kChunk][kDim]
+  T* raw_k = reinterpret_cast<T*>(raw);                                  // [kChunk][kRawStride]
+  T* raw_q = reinterpret_cast<T*>(raw + L::raw_k);                       // [kChunk][kRawStride]
   T* raw_v = reinterpret_cast<T*>(raw + 2 * L::raw_k);                   // [kChunk][NCOL]
   float* raw_g = reinterpret_cast<float*>(raw + 2 * L::raw_k + L::raw_v);  // [kChunk]: key_Gc
 
@@ -182,9 +183,9 @@ __global__ void __launch_bounds__(WB * 32) fused_state_pass_kernel(fused_params 
       const int tok = idx / (kDim / 8), piece = idx % (kDim / 8);
       const bool ok = tok < ln;
       const int64_t tk = ok ? f + tok : 0;
-      copy_async<16>(raw_k + tok * kDim + piece * 8,
+      copy_async<16>(raw_k + tok * kRawStride + piece * 8,
                      static_cast<const T*>(P.k) + batch * P.k_sb + tk * P.k_st + kv * P.k_sh + piece * 8, ok);
-      copy_async<16>(raw_q + tok * kDim + piece * 8,
+      copy_async<16>(raw_q + tok * kRawStride + piece * 8,
                      static_cast<const T*>(P.q) + batch * P.q_sb + tk * P.q_st + kv * group * P.q_sh + piece * 8, ok);
     }
     for (int idx = threadIdx.x; idx < kChunk * (NCOL / 8); idx += kThreads) {
@@ -198,18 +199,33 @@ __global__ void __launch_bounds__(WB * 32) fused_state_pass_kernel(fused_params 
         copy_async<4>(raw_g + tok, kg.Gc + bh * P.t + (tok < ln ? f + tok : 0), tok < ln);
     copy_async_commit();
   };
-  // Converts query rows (f32 values x[kDim]) to the f16 tile: each row times the power of two that
-  // takes its largest entry under 2^7, so that products stay under 2^14.
-  auto store_query_row = [&](int tok, const float* x) {
-    float mx = 0.f;
-    for (int c = 0; c < kDim; ++c) mx = fmaxf(mx, fabsf(x[c]));
-    const int ex = scale_exponent(mx, 7);
-    row_exp[tok] = ex;
-    const float sc = pow2i(ex);
-    for (int piece = 0; piece < kDim / 8; ++piece) {
-      uint32_t out[4];
-      for (int w = 0; w < 4; ++w) out[w] = pack2_f32<__half>(x[piece * 8 + 2 * w] * sc, x[piece * 8 + 2 * w + 1] * sc);
-      *reinterpret_cast<uint4*>(query + tok * kQueryStride + piece * 8) = make_uint4(out[0], out[1], out[2], out[3]);
+  // The query tile in f16, each row times the power of two that takes its largest entry under 2^7
+  // (products under 2^14); two threads (neighbouring lanes) per row, each 32 entries; whole warps
+  // take part, as kThreads and 2 kChunk are multiples of 32. piece_of(tok, piece): 8 b16 as uint4.
+  auto convert_query_rows = [&](auto piece_of) {
+    for (int item = threadIdx.x; item < 2 * kChunk; item += kThreads) {
+      const int tok = item / 2, half = item % 2;
+      float x[kDim / 2];
+      float mx = 0.f;
+      for (int piece = 0; piece < kDim / 16; ++piece) {
+        const uint4 raw4 = piece_of(tok, half * (kDim / 16) + piece);
+        const uint32_t words[4] = {raw4.x, raw4.y, raw4.z, raw4.w};
+        for (int w = 0; w < 4; ++w) {
+          const float2 f = unpack2_f32<T>(words[w]);
+          x[piece * 8 + 2 * w] = f.x, x[piece * 8 + 2 * w + 1] = f.y;
+          mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's other half (the next lane)
+      const int ex = scale_exponent(mx, 7);
+      if (half == 0) row_exp[tok] = ex;
+      const float sc = pow2i(ex);
+      for (int piece = 0; piece < kDim / 16; ++piece) {
+        uint32_t out[4];
+        for (int w = 0; w < 4; ++w) out[w] = pack2_f32<__half>(x[piece * 8 + 2 * w] * sc, x[piece * 8 + 2 * w + 1] * sc);
+        *reinterpret_cast<uint4*>(query + tok * kQueryStride + (half * (kDim / 16) + piece) * 8) =
+            make_uint4(out[0], out[1], out[2], out[3]);
+      }
     }
   };
   prefetch(0);
@@ -252,11 +268,16 @@ __global__ void __launch_bounds__(WB * 32) fused_state_pass_kernel(fused_params 
     // the end; w_j itself for z) and the first query head's tile.
     copy_async_wait<0>();
     __syncthreads();
-    for (int idx = threadIdx.x; idx < kChunk * (kDim / 8); idx += kThreads) {
-      const int tok = idx / (kDim / 8), piece = idx % (kDim / 8);
-      const uint4 w = load_shared_16(raw_k + tok * kDim + piece * 8);
-      const T* e8 = reinterpret_cast<const T*>(&w);
-      for (int x = 0; x < 8; ++x) keys[(piece * 8 + x) * kKeyStride + tok] = e8[x];
+    // The keys transposed: each 8 x 8 (tokens x dims) matrix by a transposing ldmatrix (a lane then
+    // holds tokens 2 t4, 2 t4 + 1 of dim g8), four matrices per instruction, stored as b16 pairs.
+    for (int quad = warp; quad < kChunk / 8 * kTiles / 4; quad += WB) {
+      const int mat = quad * 4 + lane / 8, tg = mat / kTiles, dt = mat % kTiles;
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, raw_k + (tg * 8 + lane % 8) * kRawStride + dt * 8);
+      for (int x = 0; x < 4; ++x) {
+        const int mx = quad * 4 + x, tgx = mx / kTiles, dtx = mx % kTiles;
+        *reinterpret_cast<uint32_t*>(keys + (dtx * 8 + g8) * kKeyStride + tgx * 8 + 2 * t4) = r[x];
+      }
     }
     for (int idx = threadIdx.x; idx < kChunk * (L::kColsZ / 8); idx += kThreads) {
       const int tok = idx / (L::kColsZ / 8), piece = idx % (L::kColsZ / 8);
@@ -275,18 +296,7 @@ __global__ void __launch_bounds__(WB * 32) fused_state_pass_kernel(fused_params 
       *reinterpret_cast<uint4*>(values + tok * L::kColsZ + piece * 8) = make_uint4(out[0], out[1], out[2], out[3]);
     }
     if (query_state)
-      for (int tok = threadIdx.x; tok < kChunk; tok += kThreads) {
-        float x[kDim];
-        for (int piece = 0; piece < kDim / 8; ++piece) {
-          const uint4 raw4 = load_shared_16(raw_q + tok * kDim + piece * 8);
-          const uint32_t words[4] = {raw4.x, raw4.y, raw4.z, raw4.w};
-          for (int w = 0; w < 4; ++w) {
-            const float2 f = unpack2_f32<T>(words[w]);
-            x[piece * 8 + 2 * w] = f.x, x[piece * 8 + 2 * w + 1] = f.y;
-          }
-        }
-        store_query_row(tok, x);
-      }
+      convert_query_rows([&](int tok, int piece) { return load_shared_16(raw_q + tok * kRawStride + piece * 8); });
     __syncthreads();  // the raw buffers are read: the next chunk's copies may start
     if (m + 1 < P.n) prefetch(m + 1);
 
@@ -295,61 +305,70 @@ __global__ void __launch_bounds__(WB * 32) fused_state_pass_kernel(fused_params 
     for (int64_t qh = kv * group; query_state && qh < (kv + 1) * group; ++qh) {
       if (qh > kv * group) {
         __syncthreads();  // the previous head's query tile is read
-        for (int tok = threadIdx.x; tok < kChunk; tok += kThreads) {
-          float x[kDim];
-          for (int piece = 0; piece < kDim / 8; ++piece) {
-            uint4 raw4 = make_uint4(0, 0, 0, 0);
-            if (tok < len)
-              raw4 = *reinterpret_cast<const uint4*>(static_cast<const T*>(P.q) + batch * P.q_sb + (first + tok) * P.q_st +
-                                                     qh * P.q_sh + piece * 8);
-            const uint32_t words[4] = {raw4.x, raw4.y, raw4.z, raw4.w};
-            for (int w = 0; w < 4; ++w) {
-              const float2 f = unpack2_f32<T>(words[w]);
-              x[piece * 8 + 2 * w] = f.x, x[piece * 8 + 2 * w + 1] = f.y;
-            }
-          }
-          store_query_row(tok, x);
-        }
+        convert_query_rows([&](int tok, int piece) {
+          return tok < len ? *reinterpret_cast<const uint4*>(static_cast<const T*>(P.q) + batch * P.q_sb + (first + tok) * P.q_st +
+                                                             qh * P.q_sh + piece * 8)
+                           : make_uint4(0, 0, 0, 0);
+        });
         __syncthreads();
       }
       for (int tile = warp; tile * 16 < len; tile += WB) {
         const int r0 = tile * 16 + g8, r1 = r0 + 8;
-        float acc[NT][4];
-        for (int nt = 0; nt < NT; ++nt)
-          for (int x = 0; x < 4; ++x) acc[nt][x] = 0.f;
-        for (int blk = 0; blk < nblk; ++blk) {
+        // Two sums, by even and odd blocks: chains of dependent mma half as long.
+        float acc[2][NT][4];
+        for (int u = 0; u < 2; ++u)
+          for (int nt = 0; nt < NT; ++nt)
+            for (int x = 0; x < 4; ++x) acc[u][nt][x] = 0.f;
+        // A block's 4 K steps: its state fragments first (the loads are asm volatile, so they keep
+        // their place in the program: issued before the products, they land while phi(q) forms).
+        auto add_block = [&](int blk, float (&sum)[NT][4]) {
+          constexpr int NP = (NT + 1) / 2;  // pairs of n-tiles (the last odd tile reads its own rows twice)
+          const int mi = lane / 8;
+          uint32_t b[4][NP][4];
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int np = 0; np < NP; ++np)
+              ldmatrix_x4(b[s][np], state + (min(2 * np + mi / 2, NT - 1) * 8 + lane % 8) * L::kStateStride + blk * 64 +
+                                        16 * s + (mi % 2) * 8);
           int qa, qb;
           fused_block_pair(blk0 + blk, qa, qb);
           const uint32_t b0 = *reinterpret_cast<const uint32_t*>(query + r0 * kQueryStride + 8 * qb + 2 * t4);
           const uint32_t b1 = *reinterpret_cast<const uint32_t*>(query + r1 * kQueryStride + 8 * qb + 2 * t4);
+#pragma unroll
           for (int s = 0; s < 4; ++s) {
             const uint32_t a0w = *reinterpret_cast<const uint32_t*>(query + r0 * kQueryStride + 8 * qa + 2 * s);
             const uint32_t a1w = *reinterpret_cast<const uint32_t*>(query + r1 * kQueryStride + 8 * qa + 2 * s);
             const uint32_t a[4] = {mul2<__half>(lo_twice(a0w), b0), mul2<__half>(lo_twice(a1w), b1),
                                    mul2<__half>(hi_twice(a0w), b0), mul2<__half>(hi_twice(a1w), b1)};
-            for (int nt = 0; nt < NT; nt += 2) {
-              // matrices: (nt, k 0-7), (nt, k 8-15), (nt + 1, k 0-7), (nt + 1, k 8-15); the last odd
-              // tile reads its own rows twice.
-              const int mi = lane / 8, ntile = min(nt + mi / 2, NT - 1);
-              uint32_t b[4];
-              ldmatrix_x4(b, state + (ntile * 8 + lane % 8) * L::kStateStride + blk * 64 + 16 * s + (mi % 2) * 8);
-              if (nt < NT - 1 || has_z) mma_16816<__half>(acc[nt], a, b);
-              if (nt + 1 < NT && (nt + 1 < NT - 1 || has_z)) mma_16816<__half>(acc[nt + 1], a, b + 2);
+#pragma unroll
+            for (int np = 0; np < NP; ++np) {
+              const int nt = 2 * np;
+              if (nt < NT - 1 || has_z) mma_16816<__half>(sum[nt], a, b[s][np]);
+              if (nt + 1 < NT && (nt + 1 < NT - 1 || has_z)) mma_16816<__half>(sum[nt + 1], a, b[s][np] + 2);
             }
           }
+        };
+        for (int blk = 0; blk < nblk; blk += 2) {
+          add_block(blk, acc[0]);
+          if (blk + 1 < nblk) add_block(blk + 1, acc[1]);
         }
-        // num and den, scaled back: 2^-(2 row_exp + col_exp) scale^2.
+        // num and den, scaled back exactly (2^-(2 row_exp + col_exp); ldexpf only where that is past
+        // a float's exponent range), times scale^2.
         for (int h2 = 0; h2 < 2; ++h2) {
           const int r = h2 ? r1 : r0;
           if (r >= len) continue;
           const int64_t row = (batch * P.t + first + r) * P.hq + qh;
-          const int er = -2 * row_exp[r];
+          auto scaled = [&](int nt, int x, int col) {
+            const int ex = -2 * row_exp[r] - col_exp[col];
+            const float v = (acc[0][nt][x] + acc[1][nt][x]) * P.scale_p;
+            return ex >= -126 && ex <= 126 ? v * pow2i(ex) : ldexpf(v, ex);
+          };
           for (int nt = 0; nt < NT - 1; ++nt) {
             const int col = nt * 8 + 2 * t4;
-            add_pair(P.num + row * P.e + col0 + col, ldexpf(acc[nt][2 * h2] * P.scale_p, er - col_exp[col]),
-                     ldexpf(acc[nt][2 * h2 + 1] * P.scale_p, er - col_exp[col + 1]));
+            add_pair(P.num + row * P.e + col0 + col, scaled(nt, 2 * h2, col), scaled(nt, 2 * h2 + 1, col + 1));
           }
-          if (has_z && t4 == 0) atomicAdd(P.den + row, ldexpf(acc[NT - 1][2 * h2] * P.scale_p, er - col_exp[NCOL]));
+          if (has_z && t4 == 0) atomicAdd(P.den + row, scaled(NT - 1, 2 * h2, NCOL));
         }
       }
     }
@@ -359,27 +378,33 @@ __global__ void __launch_bounds__(WB * 32) fused_state_pass_kernel(fused_params 
       for (int mt = 0; mt < 4; ++mt)
         for (int nt = 0; nt < NT; ++nt)
           for (int x = 0; x < 4; ++x) S[mt][nt][x] *= decay;
+#pragma unroll 2
       for (int ks = 0; ks * 16 < len; ++ks) {
-        // tokens of this thread's k columns 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9: 16 ks + 4 t4 + 0..3
+        // tokens of this thread's k columns 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9: 16 ks + 4 t4 + 0..3.
+        // B rows: logical k row kr of matrix mi is token 16 ks + 4 (kr / 2) + kr % 2 (+ 2 for the
+        // second half). The B fragments are loaded first (asm volatile keeps them there), so that
+        // they land while phi(K) forms.
+        constexpr int NP = (NT + 1) / 2;
+        const int mi = lane / 8, r = lane % 8;
+        const int brow = 16 * ks + 4 * (r / 2) + r % 2 + (mi % 2) * 2;
+        uint32_t b[NP][4];
+#pragma unroll
+        for (int np = 0; np < NP; ++np) ldmatrix_x4_trans(b[np], values + brow * L::kColsZ + min(2 * np + mi / 2, NT - 1) * 8);
         const int tok = 16 * ks + 4 * t4;
         const uint2 kb = *reinterpret_cast<const uint2*>(keys + (8 * tb + g8) * kKeyStride + tok);
         uint2 ka[8];
         for (int i = 0; i < 8; ++i) ka[i] = *reinterpret_cast<const uint2*>(keys + (8 * ta + i) * kKeyStride + tok);
-        // B rows: logical k row kr of matrix mi is token 16 ks + 4 (kr / 2) + kr % 2 (+ 2 for the second half)
-        const int mi = lane / 8, r = lane % 8;
-        const int brow = 16 * ks + 4 * (r / 2) + r % 2 + (mi % 2) * 2;
         uint32_t a[4][4];
         for (int mt = 0; mt < 4; ++mt) {
           a[mt][0] = mul2<T>(ka[2 * mt].x, kb.x), a[mt][1] = mul2<T>(ka[2 * mt + 1].x, kb.x);
           a[mt][2] = mul2<T>(ka[2 * mt].y, kb.y), a[mt][3] = mul2<T>(ka[2 * mt + 1].y, kb.y);
         }
-        for (int nt = 0; nt < NT; nt += 2) {
-          const int ntile = min(nt + mi / 2, NT - 1);
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, values + brow * L::kColsZ + ntile * 8);
+#pragma unroll
+        for (int np = 0; np < NP; ++np) {
+          const int nt = 2 * np;
           for (int mt = 0; mt < 4; ++mt) {
-            if (nt < NT - 1 || has_z) mma_16816<T>(S[mt][nt], a[mt], b);
-            if (nt + 1 < NT && (nt + 1 < NT - 1 || has_z)) mma_16816<T>(S[mt][nt + 1], a[mt], b + 2);
+            if (nt < NT - 1 || has_z) mma_16816<T>(S[mt][nt], a[mt], b[np]);
+            if (nt + 1 < NT && (nt + 1 < NT - 1 || has_z)) mma_16816<T>(S[mt][nt + 1], a[mt], b[np] + 2);
           }
         }
       }
