@@ -1,7 +1,13 @@
 // power_attention_step: one decoding token. S <- g S + phi(k) v^T and z <- g z + phi(k) in place,
-// then o = phi(scale q)^T S [/ phi(scale q)^T z] for every query head of the group. One pass over
-// the state: each thread updates 32 rows of one column and, while they are in registers, forms the
-// partial products with phi(q) of each query head; a second kernel sums the partials.
+// then o = phi(scale q)^T S [/ phi(scale q)^T z] for every query head of the group. Two forms:
+// - streamed (step_stream_kernel): a block per kStreamRows rows of one head's state; phi(k) and
+//   phi(q) of those rows are formed once into shared memory, then every thread streams 4 columns of
+//   its rows (16-byte loads and stores where the layout allows), so that each state entry is read
+//   and written once at memory speed; each block writes its sums as one row block's partials, which
+//   step_output_kernel adds in order (deterministic). Up to kStreamMaxGroup query heads per kv head
+//   and e <= 1024.
+// - the first form (step_update_kernel), for the rest: each thread updates 32 rows of one column,
+//   forming phi of every row itself; a second kernel sums the partials.
 #pragma once
 
 #include "gpu/kernels/common.hpp"
@@ -66,6 +72,122 @@ __global__ void step_output_kernel(const float* partial, expanse_tensor o, expan
     }
     const float out = normalize ? (den != 0.f ? num / den : 0.f) : num;
     static_cast<T*>(o.data)[off4(o, batch, 0, qh, col)] = from_f32<T>(out);
+  }
+}
+
+constexpr int kStreamThreads = 256, kStreamRows = 128, kStreamBatch = 4, kStreamMaxGroup = 8;
+
+// G: the query heads per kv head, rounded up to a power of two (each costs 5 registers, and the
+// registers bound the blocks per SM: at 120 registers, 2 blocks per SM moved 1.6 TB/s at P1, b = 64;
+// hence the register bounds: 64 for 4 blocks with one query head, fewer blocks with more). quads: a power of two >= ceil(e / 4), at most kStreamThreads (the lanes
+// of a row); vec: S rows are 16-byte aligned runs of e % 4 == 0 floats.
+template <class T, int G>
+__global__ void __launch_bounds__(kStreamThreads, G == 1 ? 4 : G == 2 ? 3 : 2)
+    step_stream_kernel(expanse_tensor q, expanse_tensor k, expanse_tensor v, expanse_tensor log_g, expanse_tensor S,
+                       expanse_tensor z, const phi_entry* table, expanse_problem pb, float scale, float* partial,
+                       int64_t row_blocks, int quads, int vec) {
+  __shared__ float phik[kStreamRows], phiq[G][kStreamRows];
+  __shared__ float red[kStreamThreads * 4];
+  const int tid = threadIdx.x;
+  const int64_t rb = blockIdx.x % row_blocks, bh = blockIdx.x / row_blocks, head = bh % pb.h, batch = bh / pb.h;
+  const int64_t r0 = rb * kStreamRows, group = pb.hq / pb.h;
+  const int rows = static_cast<int>(min(int64_t(kStreamRows), pb.D - r0));
+  const float gate = log_g.data ? expf(loadf(log_g, off3(log_g, batch, 0, head))) : 1.f;
+  for (int item = tid; item < rows * (1 + group); item += kStreamThreads) {
+    const int j = item % rows, which = item / rows;  // 0: the key, 1 + g: query head g of the group
+    const phi_entry& row = table[r0 + j];
+    if (which == 0) {
+      phik[j] = phi_value(row, pb.p, [&](int i) { return load<T>(k, off4(k, batch, 0, head, i)); });
+    } else {
+      const int64_t qh = head * group + which - 1;
+      phiq[which - 1][j] = phi_value(row, pb.p, [&](int i) { return scale * load<T>(q, off4(q, batch, 0, qh, i)); });
+    }
+  }
+  __syncthreads();
+  const int c4 = tid % quads, lane_rows = kStreamThreads / quads, rsub = tid / quads;
+  const int64_t col = 4 * int64_t(c4);
+  float vv[4];
+  for (int x = 0; x < 4; ++x) vv[x] = col + x < pb.e ? load<T>(v, off4(v, batch, 0, head, col + x)) : 0.f;
+  float acc[G][4], den[G];
+  for (int g = 0; g < G; ++g) {
+    den[g] = 0.f;
+    for (int x = 0; x < 4; ++x) acc[g][x] = 0.f;
+  }
+  // kStreamBatch rows per thread at a time: their loads all in flight before the first store (the
+  // compiler keeps a load after a store it cannot prove apart).
+  for (int j0 = rsub; j0 < rows; j0 += kStreamBatch * lane_rows) {
+    float old[kStreamBatch][4], zold[kStreamBatch];
+#pragma unroll
+    for (int u = 0; u < kStreamBatch; ++u) {
+      const int j = j0 + u * lane_rows;
+      const int64_t r = r0 + j;
+      for (int x = 0; x < 4; ++x) old[u][x] = 0.f;
+      zold[u] = 0.f;
+      if (j >= rows) continue;
+      if (col < pb.e) {
+        if (vec) {
+          const float4 w = *reinterpret_cast<const float4*>(ptrf(S, off4(S, batch, head, r, col)));
+          old[u][0] = w.x, old[u][1] = w.y, old[u][2] = w.z, old[u][3] = w.w;
+        } else {
+          for (int x = 0; x < 4; ++x)
+            if (col + x < pb.e) old[u][x] = *ptrf(S, off4(S, batch, head, r, col + x));
+        }
+      }
+      if (c4 == 0 && z.data) zold[u] = *ptrf(z, off3(z, batch, head, r));
+    }
+#pragma unroll
+    for (int u = 0; u < kStreamBatch; ++u) {
+      const int j = j0 + u * lane_rows;
+      const int64_t r = r0 + j;
+      if (j >= rows) continue;
+      const float pk = phik[j];
+      if (col < pb.e) {
+        float s[4];
+        for (int x = 0; x < 4; ++x) s[x] = gate * old[u][x] + pk * vv[x];
+        if (vec) {
+          *reinterpret_cast<float4*>(ptrf(S, off4(S, batch, head, r, col))) = make_float4(s[0], s[1], s[2], s[3]);
+        } else {
+          for (int x = 0; x < 4; ++x)
+            if (col + x < pb.e) *ptrf(S, off4(S, batch, head, r, col + x)) = s[x];
+        }
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          if (g < group)
+            for (int x = 0; x < 4; ++x) acc[g][x] += phiq[g][j] * s[x];
+      }
+      if (c4 == 0 && z.data) {
+        const float zn = gate * zold[u] + pk;
+        *ptrf(z, off3(z, batch, head, r)) = zn;
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          if (g < group) den[g] += phiq[g][j] * zn;
+      }
+    }
+  }
+  // The block's sums for each query head (over the row lanes of each column quad), as this row
+  // block's partials (step_output_kernel's layout: column e is the denominator).
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (g >= group) break;
+    __syncthreads();  // red is free
+    for (int x = 0; x < 4; ++x) red[(rsub * quads + c4) * 4 + x] = acc[g][x];
+    __syncthreads();
+    float* out = partial + ((batch * pb.hq + head * group + g) * row_blocks + rb) * (pb.e + 1);
+    for (int item = tid; item < quads * 4; item += kStreamThreads) {
+      const int64_t c = item;  // = 4 c4 + x
+      if (c >= pb.e) continue;
+      float t = 0.f;
+      for (int l = 0; l < lane_rows; ++l) t += red[l * quads * 4 + item];
+      out[c] = t;
+    }
+    __syncthreads();
+    if (c4 == 0) red[rsub] = den[g];
+    __syncthreads();
+    if (tid == 0 && z.data) {
+      float t = 0.f;
+      for (int l = 0; l < lane_rows; ++l) t += red[l];
+      out[pb.e] = t;
+    }
   }
 }
 

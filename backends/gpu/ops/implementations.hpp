@@ -29,6 +29,7 @@ void power_attention_chunked_run_exchanging(const expanse_op& op, expanse_sdk::l
 inline constexpr expanse_sdk::implementation power_attention_chunked{
     "chunked", expanse_sdk::any_device, power_attention_chunked_declines, power_attention_chunked_run,
     power_attention_chunked_run_exchanging};
+EXPANSE_GPU_IMPLEMENTATION(power_attention_step_streamed, "streamed")
 EXPANSE_GPU_IMPLEMENTATION(power_attention_step_fused, "fused")
 // The gradients, with the forward states made by the lists above.
 EXPANSE_GPU_IMPLEMENTATION(power_attention_backward_simple, "simple")

@@ -1,5 +1,7 @@
-// power_attention_step's fused implementation: the state update and the query in one pass over the
-// state (gpu/kernels/power_attention_step.hpp).
+// power_attention_step's implementations, best first: "streamed" and "fused" (the first form),
+// both the state update and the query in one pass over the state (gpu/kernels/power_attention_step.hpp).
+#include <cstdint>
+
 #include "gpu/kernels/power_attention_step.hpp"
 #include "gpu/ops/common.hpp"
 #include "gpu/ops/implementations.hpp"
@@ -11,6 +13,49 @@ std::string power_attention_step_fused_declines(const expanse_op& op, const devi
   std::string why = common_declines(op);
   if (why.empty() && (!is_f32(a.log_g) || !is_f32(a.S) || !is_f32(a.z))) why = "log_g, S and z must be f32";
   return why;
+}
+
+std::string power_attention_step_streamed_declines(const expanse_op& op, const device_props& props) {
+  std::string why = power_attention_step_fused_declines(op, props);
+  const expanse_problem& pb = *op.problem;
+  if (why.empty() && pb.hq / pb.h > kStreamMaxGroup)
+    why = "takes at most " + std::to_string(kStreamMaxGroup) + " query heads per kv head";
+  if (why.empty() && pb.e > 4 * kStreamThreads) why = "takes e <= " + std::to_string(4 * kStreamThreads);
+  return why;
+}
+
+void power_attention_step_streamed_run(const expanse_op& op, launch_context& lc) {
+  const expanse_problem& pb = *op.problem;
+  const auto& a = args_of<expanse_power_attention_step_args>(op);
+  const phi_entry* table = make_phi_table(pb, lc);
+  const int64_t row_blocks = (pb.D + kStreamRows - 1) / kStreamRows;
+  float* partial = lc.ws.take<float>(size_t(pb.b * pb.hq * row_blocks * (pb.e + 1)));
+  if (lc.ws.sizing()) return;
+  const int64_t blocks = pb.b * pb.h * row_blocks;
+  if (blocks == 0) return;
+  int quads = 1;
+  while (4 * quads < pb.e) quads *= 2;
+  const expanse_tensor& S = *a.S;
+  const int vec = S.strides[3] == 1 && pb.e % 4 == 0 && S.strides[2] % 4 == 0 && S.strides[1] % 4 == 0 &&
+                  S.strides[0] % 4 == 0 && reinterpret_cast<uintptr_t>(S.data) % 16 == 0;
+  expanse_tensor none{};
+  const int64_t group = pb.hq / pb.h;
+  with_input_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(blocks), kStreamThreads, 0, lc.stream>>>(
+          *a.q, *a.k, *a.v, a.log_g ? *a.log_g : none, S, a.z ? *a.z : none, table, pb, static_cast<float>(pb.scale),
+          partial, row_blocks, quads, vec);
+    };
+    if (group == 1) launch(step_stream_kernel<T, 1>);
+    else if (group == 2) launch(step_stream_kernel<T, 2>);
+    else if (group <= 4) launch(step_stream_kernel<T, 4>);
+    else launch(step_stream_kernel<T, kStreamMaxGroup>);
+    check_launch("power_attention_step streamed");
+    step_output_kernel<T><<<grid_for(pb.b * pb.hq * pb.e, 256), 256, 0, lc.stream>>>(partial, *a.o, pb, row_blocks,
+                                                                                     pb.normalize);
+    check_launch("power_attention_step output");
+  });
 }
 
 void power_attention_step_fused_run(const expanse_op& op, launch_context& lc) {
