@@ -22,4 +22,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 2^k as a float, exactly, for -126 <= k <= 127 (the exponent field alone).
+__device__ __forceinline__ float pow2_of(int k) { return __int_as_float((k + 127) << 23); }
+
 }  // namespace expanse_cuda

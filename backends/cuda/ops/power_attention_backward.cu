@@ -21,7 +21,6 @@
 
 #include "gpu/kernels/backward_chunked.hpp"
 #include "gpu/kernels/backward_outputs.hpp"
-#include "gpu/kernels/chunk_attention_simple.hpp"
 #include "gpu/ops/implementations.hpp"
 #include "gpu/ops/power_attention_backward.hpp"
 #include "kernels/sm80/flash_chunk_attention_backward.cuh"

@@ -38,15 +38,7 @@ fused_split choose_split() {
   return kSplits[0];
 }
 
-bool contiguous(const expanse_tensor* t) {
-  if (t == nullptr) return true;
-  int64_t stride = 1;
-  for (int i = t->ndim - 1; i >= 0; --i) {
-    if (t->shape[i] != 1 && t->strides[i] != stride) return false;
-    stride *= t->shape[i];
-  }
-  return true;
-}
+bool contiguous(const expanse_tensor* t) { return t == nullptr || dense_from(*t, 0); }
 
 }  // namespace
 

@@ -39,6 +39,17 @@ void with_input_type(int32_t dtype, F&& f) {
 std::string common_declines(const expanse_op& op);
 inline bool is_f32(const expanse_tensor* t) { return t == nullptr || t->dtype == EXPANSE_F32; }
 
+// Whether t's entries from axis first_dim on are laid out row-major without gaps (size-1 axes may
+// have any stride).
+inline bool dense_from(const expanse_tensor& t, int first_dim) {
+  int64_t stride = 1;
+  for (int dim = t.ndim - 1; dim >= first_dim; --dim) {
+    if (t.shape[dim] != 1 && t.strides[dim] != stride) return false;
+    stride *= t.shape[dim];
+  }
+  return true;
+}
+
 // The phi table and, where the layout has one, its block form (kernels/common.hpp, phi_block), for
 // the state operations.
 struct phi_tables {

@@ -67,18 +67,6 @@ void discumsum_scan_run(const expanse_op& op, launch_context& lc) {
   launch_discumsum(*a.X, A, with_chunk_axis(a.Y_init), *a.Y, last, pb.n, pb.input_dtype, lc.stream);
 }
 
-namespace {
-// Whether the entries past the first three axes are laid out row-major without gaps.
-bool trailing_dense(const expanse_tensor& t) {
-  int64_t stride = 1;
-  for (int dim = t.ndim - 1; dim >= 3; --dim) {
-    if (t.shape[dim] != 1 && t.strides[dim] != stride) return false;
-    stride *= t.shape[dim];
-  }
-  return true;
-}
-}  // namespace
-
 void launch_add_initial(const expanse_tensor& Y, const expanse_tensor& A, const expanse_tensor& init, int64_t n,
                         stream_t stream) {
   int64_t elems = 1;
@@ -87,7 +75,7 @@ void launch_add_initial(const expanse_tensor& Y, const expanse_tensor& A, const 
   if (blocks == 0 || elems == 0) return;
   const unsigned grid = grid_for(blocks * kAddInitialThreads, kAddInitialThreads);  // the kernel strides over the rest
   const expanse_tensor at_chunk = with_chunk_axis(&init);
-  if (trailing_dense(Y) && trailing_dense(at_chunk))
+  if (dense_from(Y, 3) && dense_from(at_chunk, 3))
     add_initial_kernel<true><<<grid, kAddInitialThreads, 0, stream>>>(Y, A, at_chunk, n, elems);
   else
     add_initial_kernel<false><<<grid, kAddInitialThreads, 0, stream>>>(Y, A, at_chunk, n, elems);

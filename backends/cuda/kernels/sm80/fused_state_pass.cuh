@@ -74,11 +74,8 @@ __device__ __forceinline__ fused_feature fused_feature_of(int blk, int ta, int t
   if (!sympow) return {ta == tb ? 1.f : 2.f, int64_t(blk) * 64 + i * 8 + j};
   const int a = 8 * ta + i, b = 8 * tb + j;
   if (a > b) return {0.f, -1};
-  return {a == b ? 1.f : 2.f, int64_t(a) * fused_cfg::kDim - int64_t(a) * (a - 1) / 2 + (b - a)};
+  return {a == b ? 1.f : 2.f, sympow2_row<int64_t>(fused_cfg::kDim, a, b)};
 }
-
-// 2^k as a float, for |k| < 127 (exact).
-__device__ __forceinline__ float pow2i(int k) { return __int_as_float((127 + k) << 23); }
 
 // The power of two that takes x (>= 0) under 2^top (0 for x = 0), clamped to float's range.
 __device__ __forceinline__ int scale_exponent(float x, int top) {
@@ -87,9 +84,6 @@ __device__ __forceinline__ int scale_exponent(float x, int top) {
   frexpf(x, &e);  // x < 2^e
   return max(-100, min(100, top - e));
 }
-
-__device__ __forceinline__ uint32_t lo_twice(uint32_t w) { return __byte_perm(w, 0, 0x1010); }
-__device__ __forceinline__ uint32_t hi_twice(uint32_t w) { return __byte_perm(w, 0, 0x3232); }
 
 // Two f32 added to consecutive floats of global memory (one vector atomic on sm_90).
 __device__ __forceinline__ void add_pair(float* p, float a, float b) {
@@ -219,7 +213,7 @@ __global__ void __launch_bounds__(WB * 32) fused_state_pass_kernel(fused_params 
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the row's other half (the next lane)
       const int ex = scale_exponent(mx, 7);
       if (half == 0) row_exp[tok] = ex;
-      const float sc = pow2i(ex);
+      const float sc = pow2_of(ex);
       for (int piece = 0; piece < kDim / 16; ++piece) {
         uint32_t out[4];
         for (int w = 0; w < 4; ++w) out[w] = pack2_f32<__half>(x[piece * 8 + 2 * w] * sc, x[piece * 8 + 2 * w + 1] * sc);
@@ -260,7 +254,7 @@ __global__ void __launch_bounds__(WB * 32) fused_state_pass_kernel(fused_params 
           for (int nt = 0; nt < NT; ++nt)
             for (int x = 0; x < 4; ++x) {
               const int i = 2 * mt + x / 2, col = nt * 8 + 2 * t4 + x % 2;
-              state[col * L::kStateStride + warp * 64 + i * 8 + g8] = __float2half_rn(c2[mt][x / 2] * S[mt][nt][x] * pow2i(col_exp[col]));
+              state[col * L::kStateStride + warp * 64 + i * 8 + g8] = __float2half_rn(c2[mt][x / 2] * S[mt][nt][x] * pow2_of(col_exp[col]));
             }
       }
     }
@@ -339,8 +333,8 @@ __global__ void __launch_bounds__(WB * 32) fused_state_pass_kernel(fused_params 
           for (int s = 0; s < 4; ++s) {
             const uint32_t a0w = *reinterpret_cast<const uint32_t*>(query + r0 * kQueryStride + 8 * qa + 2 * s);
             const uint32_t a1w = *reinterpret_cast<const uint32_t*>(query + r1 * kQueryStride + 8 * qa + 2 * s);
-            const uint32_t a[4] = {mul2<__half>(lo_twice(a0w), b0), mul2<__half>(lo_twice(a1w), b1),
-                                   mul2<__half>(hi_twice(a0w), b0), mul2<__half>(hi_twice(a1w), b1)};
+            const uint32_t a[4] = {mul2<__half>(b16_twice(a0w, 0), b0), mul2<__half>(b16_twice(a1w, 0), b1),
+                                   mul2<__half>(b16_twice(a0w, 1), b0), mul2<__half>(b16_twice(a1w, 1), b1)};
 #pragma unroll
             for (int np = 0; np < NP; ++np) {
               const int nt = 2 * np;
@@ -362,7 +356,7 @@ __global__ void __launch_bounds__(WB * 32) fused_state_pass_kernel(fused_params 
           auto scaled = [&](int nt, int x, int col) {
             const int ex = -2 * row_exp[r] - col_exp[col];
             const float v = (acc[0][nt][x] + acc[1][nt][x]) * P.scale_p;
-            return ex >= -126 && ex <= 126 ? v * pow2i(ex) : ldexpf(v, ex);
+            return ex >= -126 && ex <= 126 ? v * pow2_of(ex) : ldexpf(v, ex);
           };
           for (int nt = 0; nt < NT - 1; ++nt) {
             const int col = nt * 8 + 2 * t4;

@@ -123,6 +123,9 @@ __device__ __forceinline__ void split2_f32(float x0, float x1, uint32_t& hi, uin
   lo = pack2_f32<T>(x0 - h.x, x1 - h.y);
 }
 
+// The low (hi = 0) or the high (hi = 1) b16 of a packed pair, in both halves.
+__device__ __forceinline__ uint32_t b16_twice(uint32_t pair, int hi) { return __byte_perm(pair, pair, hi ? 0x3232 : 0x1010); }
+
 // Element-wise product of two packed pairs (one rounding: the exact product of two b16 values
 // fits in f32, so this equals multiplying in f32 and rounding once).
 template <class T>

@@ -54,10 +54,7 @@ constexpr size_t blocked_query_state_smem(int d) {
 }
 
 // x[mid + G] in both halves of a b16 pair, from the 8 entries x[mid .. mid + 7] of a phi block.
-__device__ __forceinline__ uint32_t block_mid_pair(const uint4& mids, int G) {
-  const uint32_t word = word_of(mids, G / 2);
-  return __byte_perm(word, word, (G & 1) ? 0x3232 : 0x1010);
-}
+__device__ __forceinline__ uint32_t block_mid_pair(const uint4& mids, int G) { return b16_twice(word_of(mids, G / 2), G & 1); }
 
 // The state stages of the query tile's chunk and head, at raw0 in shared memory.
 template <class Stages>

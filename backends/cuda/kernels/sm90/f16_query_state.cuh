@@ -102,9 +102,6 @@ __device__ __forceinline__ query_context<T> query_context_at(unsigned char* base
   return c;
 }
 
-// 2^k as a float, exactly, for -126 <= k <= 127 (the exponent field alone).
-__device__ __forceinline__ float pow2_of(int k) { return __int_as_float((k + 127) << 23); }
-
 // The query tile in f16: each token's row of x (kTok rows of d, type T) rewritten in place as f16
 // times 2^s, with s such that |x 2^s| < 2^(15 / p) (so |phi| < 2^15), the column of ones at d as f16
 // ones; token_unscale[row] = 2^(-p s), the factor that undoes the scale of phi. Eight lanes per row,
