@@ -2,6 +2,7 @@
 // the oracle (the reference backend; for the reference itself, the independent naive f64
 // implementation), printing per-output relative errors against the docs/spec.md tolerance.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <random>
@@ -10,6 +11,7 @@
 #include "case_options.hpp"
 #include "cases.hpp"
 #include "commands.hpp"
+#include "npy.hpp"
 
 using namespace expanse_cli;
 namespace h = expanse::harness;
@@ -26,7 +28,11 @@ const char kAbout[] =
     "Without case options a few representative cases per operation run (--full: the whole shared case\n"
     "table of the test suite). With case options (--t, --p, ...) exactly one case of OP runs.\n"
     "Every failing case prints a command line that reruns it. When stderr is a terminal, the case\n"
-    "being run is shown there.\n";
+    "being run is shown there.\n"
+    "\n"
+    "--save DIR (one case) writes what the case ran on as .npy files, to study a result in numpy:\n"
+    "the inputs under their names, the backend's outputs as out_<name>, the oracle's as ref_<name>\n"
+    "(bf16 widened to float32).\n";
 
 void print_result(const h::check_result& r) {
   const char* verdict = !r.error.empty() ? "FAIL" : !r.skipped.empty() ? "SKIP" : r.pass() ? "PASS" : "FAIL";
@@ -48,13 +54,30 @@ struct CheckOptions {
   std::optional<int64_t> seed;
   bool full = false;
   bool check_finite = false;
+  std::string save_dir;  // empty: keep nothing
 };
+
+// Writes a case's tensors into dir as .npy (inputs by name, out_<name>, ref_<name>).
+h::case_keeper saver(const std::string& dir) {
+  return [dir](const h::tensor_map& inputs, const h::tensor_map& out, const h::tensor_map& ref) {
+    std::filesystem::create_directories(dir);
+    auto write = [&](const std::string& prefix, const h::tensor_map& tensors) {
+      for (const auto& [name, t] : tensors)
+        npy_write((std::filesystem::path(dir) / (prefix + name + ".npy")).string(), t.dtype, t.shape, t.bytes.data());
+    };
+    write("", inputs);
+    write("out_", out);
+    write("ref_", ref);
+  };
+}
 
 int check(const CheckOptions& o, const CaseOptions& case_options) {
   const bool all_ops = o.op == "all";
   const expanse_op_kind op = all_ops ? EXPANSE_OP_COUNT : parse_op(o.op, "operation");
   if (all_ops && case_options.any())
     throw UsageError("check: case options (--t, --p, ...) need one operation name, not 'all'");
+  if (!o.save_dir.empty() && !case_options.any())
+    throw UsageError("check: --save needs one case (an operation and case options such as --t)");
   std::vector<h::op_config> cases;
   if (case_options.any()) {
     cases.push_back(case_options.apply(op, h::op_config{}));
@@ -78,7 +101,7 @@ int check(const CheckOptions& o, const CaseOptions& case_options) {
   Progress progress(cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     progress.show(i, cases[i].label());
-    const h::check_result r = h::check_case(ctx, cases[i], seed + i);
+    const h::check_result r = h::check_case(ctx, cases[i], seed + i, o.save_dir.empty() ? h::case_keeper{} : saver(o.save_dir));
     progress.clear();
     print_result(r);
     std::fflush(stdout);
@@ -106,6 +129,8 @@ Command add_check(CLI::App& app) {
       ->type_name("S")
       ->check(in_range(int64_t(0), INT64_MAX));
   cmd->add_flag("--full", o->full, "run the whole shared case table");
+  cmd->add_option("--save", o->save_dir, "write the case's inputs and both outputs as .npy files into DIR")
+      ->type_name("DIR");
   cmd->add_flag("--check-finite", o->check_finite, "let the library scan every input for NaN and infinity first");
   auto case_options = std::make_shared<CaseOptions>(cmd);
   return {cmd, [o, case_options] { return check(*o, *case_options); }};

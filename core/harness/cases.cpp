@@ -494,7 +494,7 @@ std::string check_result::repro() const {
   return "expanse check " + cfg.label() + " --backend " + backend + " --seed " + std::to_string(seed);
 }
 
-check_result check_case(expanse::context& ctx, const op_config& cfg, uint64_t seed) {
+check_result check_case(expanse::context& ctx, const op_config& cfg, uint64_t seed, const case_keeper& keep) {
   check_result r;
   r.cfg = cfg;
   r.seed = seed;
@@ -509,12 +509,14 @@ check_result check_case(expanse::context& ctx, const op_config& cfg, uint64_t se
       r.oracle = "naive f64";
       const tensor_map out = run_on(ctx, cfg, inputs, /*oracle=*/true);
       const tensor_map ref = naive::run(cfg, inputs);
+      if (keep) keep(inputs, out, ref);
       r.outputs = compare(out, ref, tolerance_for(EXPANSE_F64));
     } else {
       r.oracle = "reference";
       const tensor_map out = run_on(ctx, cfg, inputs, /*oracle=*/false);
       expanse::context ref_ctx("reference");
       const tensor_map ref = run_on(ref_ctx, cfg, inputs, /*oracle=*/true);
+      if (keep) keep(inputs, out, ref);
       r.outputs = compare(out, ref, tolerance_for(cfg.dtype));
     }
   } catch (const expanse::error& e) {

@@ -151,9 +151,14 @@ struct check_result {
   std::string repro() const;  // the `expanse check` command that reruns this case
 };
 
+// What a case ran on, for those who study a result: its inputs, the backend's outputs, the oracle's.
+using case_keeper = std::function<void(const tensor_map& inputs, const tensor_map& out, const tensor_map& ref)>;
+
 // Runs cfg on backend_ctx and compares with the oracle: the reference backend for any other backend,
 // or the independent naive f64 implementation (naive_oracle.hpp) when backend_ctx is the reference.
-check_result check_case(expanse::context& backend_ctx, const op_config& cfg, uint64_t seed);
+// `keep`, when given, receives the tensors before they are compared.
+check_result check_case(expanse::context& backend_ctx, const op_config& cfg, uint64_t seed,
+                        const case_keeper& keep = {});
 
 // The table every backend runs: each op over awkward sizes, dtypes, p, layouts and options.
 std::vector<op_config> standard_cases();

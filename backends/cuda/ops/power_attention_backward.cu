@@ -6,14 +6,15 @@
 //      cancel; discumsum through the list) -> S_m, z_m entering each chunk
 //   2. normalized: the flash chunk_attention kernel without the values -> l, rowmax, the intra part
 //      of each query's denominator
-//   3. 1 / den_i, dden_i and the weighted dout_i per query (gpu/kernels/backward_chunked.hpp)
+//   3. 1 / den_i, dden_i and the query's weight in the state cotangents (gpu/kernels/backward_chunked.hpp)
 //   4. the intra-chunk pairs: f32 sums of dq, dk, dv and of A_ij M_ij by query and by key
 //      (kernels/sm80/flash_chunk_attention_backward.cuh)
-//   5. the state cotangents: update_state (list) of q against exp(Gc_i) scale^p dnum_i and a feature
-//      sum for dden (their z part; gpu/kernels/backward_chunked.hpp), then the reverse scan -> dY_{m+1},
-//      dZ_{m+1} per chunk, and the gates' boundary terms
-//   6. dk's state term (ops/state_pullback.hpp), dv's as query_state (list) of k against
-//      dY_{m+1}, dq's (the pullback of S_m, z_m)
+//   5. the state cotangents: update_state of q against dout with the weights exp(Gc_i) scale^p / den_i,
+//      split into b16 hi + lo like the forward sweep, and a feature sum for dden (their z part;
+//      gpu/kernels/backward_chunked.hpp), then the reverse scan -> dY_{m+1}, dZ_{m+1} per chunk, and
+//      the gates' boundary terms
+//   6. dk's state term (ops/state_pullback.hpp), dv's as query_state of k against dY_{m+1} with split
+//      operands, dq's (the pullback of S_m, z_m)
 //   7. the gradients in their dtypes with q . dq and k . dk: dq and dk by the pullbacks where they ran,
 //      the rest by gpu/kernels/backward_outputs.hpp; then dlog_g chunk by chunk
 //      (gpu/ops/power_attention_backward.cu)
@@ -23,6 +24,7 @@
 #include "gpu/kernels/backward_outputs.hpp"
 #include "gpu/ops/implementations.hpp"
 #include "gpu/ops/power_attention_backward.hpp"
+#include "gpu/ops/query_state.hpp"
 #include "kernels/sm80/flash_chunk_attention_backward.cuh"
 #include "ops/flash_chunk_attention.hpp"
 #include "ops/op_common.hpp"
@@ -35,17 +37,20 @@ using expanse_sdk::exchange_call;
 // exchange: expanse_power_attention_backward_exchange's callback (null: a plain call).
 template <pullback_product kProduct>
 void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, const exchange_call* exchange);
-// ops/update_state.cu: update_state with its operands split into b16 hi + lo, for the forward sweep.
+// ops/update_state.cu: update_state with its operands split into b16 hi + lo, for the forward sweep,
+// and with per-token weights in place of the gates, for the cotangent states.
 void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
                                const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                                launch_context& lc);
-
-namespace {
-
-// The memo slots of the steps after the forward sweep's.
-enum step_slot { kQueryStates = kForwardSweepSlots + 1, kKeyValues };
-
-}  // namespace
+void launch_weighted_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const float* weight,
+                                        const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
+                                        launch_context& lc);
+// ops/query_state.cu: query_state with both operands split into b16 hi + lo (dv's state term): the
+// blocked wgmma kernel (p = 2) and the sm_80 one.
+void launch_blocked_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
+                                const expanse_problem& pb, bool normalize, launch_context& lc);
+void launch_split_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
+                              bool normalize, launch_context& lc);
 
 std::string mma_power_attention_backward_declines(const expanse_op& op, const device_props& props) {
   const expanse_problem& pb = *op.problem;
@@ -84,9 +89,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
   // The feature tables serve the state terms only (38 us to build at P1; none at one chunk).
   if (plan.forward_states || plan.cotangent_states || plan.final_term) shared.phi = make_phi_tables(pb, lc);
   shared.g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
-  const step_inputs ungated{shared.phi, gates{}};  // for the steps that take no gates
-  launch_context plain_steps{lc.stream, lc.ws, lc.props, lc.dispatch, lc.call, &ungated};
-  // A step over the query heads (or the kv heads) without the call's gates.
+  // A problem over the query heads (or the kv heads) without the call's gates.
   auto plain_problem = [&](int64_t heads, int32_t output_dtype) {
     expanse_problem step = step_problem(pb, pb.input_dtype, output_dtype);
     step.h = step.hq = heads;
@@ -122,16 +125,16 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
     }
   }
 
-  // 3. The queries' cotangents, and the values of the query-side state cotangents.
+  // 3. The queries' cotangents, and the queries' weights in the state cotangents.
   const float scale = float(pb.scale), scale_p = float(std::pow(pb.scale, pb.p));
-  void* weighted = plan.cotangent_states ? lc.ws.take<unsigned char>(size_t(qrows * pb.e) * 2) : nullptr;
+  float* state_weight = plan.cotangent_states ? lc.ws.take<float>(size_t(qrows)) : nullptr;
   if (!sizing && qrows > 0) {
     const int tiles = int((std::min(pb.c, pb.t) + kCotangentTokens - 1) / kCotangentTokens);
     with_b16_type(pb.input_dtype, [&](auto tag) {
       using T = decltype(tag);
       query_cotangents_kernel<T><<<unsigned(int64_t(tiles) * pb.n * pb.hq * pb.b), kCotangentTokens, 0, lc.stream>>>(
           *a.q, *a.dout, tensor_or_empty(a.o), l, rowmax, pb.normalize ? static_cast<const float*>(st.z.data) : nullptr,
-          shared.g, pb, scale_p, tiles, w.rden, w.dden, static_cast<T*>(weighted));
+          shared.g, pb, scale_p, tiles, w.rden, w.dden, state_weight);
     });
     check_launch("mma power_attention_backward query cotangents");
   }
@@ -165,8 +168,11 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
     check_launch("mma power_attention_backward pairs");
   }
 
-  // 5. The state cotangents: each chunk's input summed over its queries (update_state of q against the
-  // weighted dnum, every query head; a feature sum for dden), then the reverse scan.
+  // 5. The state cotangents: each chunk's input summed over its queries (update_state of q against
+  // dout, weighted, every query head; a feature sum for dden), then the reverse scan. Split into b16
+  // hi + lo: dk's and dv's state terms take phi(k_j)^T of these sums, which cancels where a query of
+  // large 1 / den_i is nearly orthogonal to the keys it sees (one b16 rounding of phi(q_i) put dk and
+  // dv 2e-2 off after a reset at a chunk's end).
   expanse_tensor dv_state{};
   if (plan.cotangent_states) {
     take_cotangent_states(op, plan, lc.ws, st);
@@ -177,11 +183,9 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
       if (st.dZ.data) Xz = f32_view(lc.ws.take<float>(size_t(query_states)), {pb.b, pb.n, pb.hq, pb.D}, dev);
     }
     expanse_tensor into_S = grouped ? Xs : st.dY, into_z = grouped ? Xz : st.dZ;
-    const expanse_tensor weighted_view = b16_view(weighted, pb.input_dtype, {pb.b, pb.t, pb.hq, pb.e}, dev);
-    const expanse_update_state_args upd{a.q, &weighted_view, nullptr, &into_S, nullptr, pb.p, pb.c, pb.layout};
-    const expanse_problem upd_pb = plain_problem(pb.hq, EXPANSE_F32);
-    lc.dispatch.run_step({EXPANSE_OP_UPDATE_STATE, &upd, &upd_pb, nullptr}, kQueryStates, plain_steps);
     if (!sizing) {
+      launch_weighted_split_update_state(*a.q, *a.dout, state_weight, shared.phi, plain_problem(pb.hq, EXPANSE_F32),
+                                         into_S, lc);
       if (into_z.data && query_states > 0) {
         with_b16_type(pb.input_dtype, [&](auto tag) {
           using T = decltype(tag);
@@ -206,12 +210,19 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
       launch_state_pullback({a.k, 1.f, a.v, nullptr, nullptr, &st.dY, &st.dZ, shared.g.keys(), true, pb.h, sum_k, am_k,
                              a.dk, 1.f, w.kdk, kProduct},
                             pb, lc);
-    const expanse_query_state_args qs{a.k, &st.dY, nullptr, nullptr, nullptr, nullptr, nullptr, &dv_state,
-                                      pb.p, 1.0,   pb.c,   0,       pb.layout};
-    expanse_problem qs_pb = plain_problem(pb.h, pb.input_dtype);
-    qs_pb.scale = 1.0;
-    qs_pb.normalize = 0;
-    lc.dispatch.run_step({EXPANSE_OP_QUERY_STATE, &qs, &qs_pb, nullptr}, kKeyValues, plain_steps);
+    // phi(k_j)^T dY_{m+1}, with both operands split like the cotangent states' sums (a b16 rounding of
+    // either is magnified the same way).
+    if (!sizing && krows > 0) {
+      query_inputs keys{};
+      keys.q = *a.k, keys.S = st.dY, keys.o = dv_state;
+      expanse_problem qs_pb = plain_problem(pb.h, pb.input_dtype);
+      qs_pb.scale = 1.0;
+      qs_pb.normalize = 0;
+      if (kProduct == pullback_product::wgmma && pb.p == 2)
+        launch_blocked_query_state(keys, gates{}, shared.phi, qs_pb, false, lc);
+      else
+        launch_split_query_state(keys, gates{}, shared.phi, qs_pb, false, lc);
+    }
   }
   // dq's state term.
   if (!sizing && st.S.data && qrows > 0)

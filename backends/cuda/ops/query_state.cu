@@ -148,6 +148,24 @@ void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_ta
   check_launch("mma query_state");
 }
 
+// The sm_80 kernel with both operands split into b16 hi + lo (three products each): the tensor-core
+// power_attention_backward's dv state term where the blocked kernel does not run. Takes what
+// mma_query_state_declines accepts.
+void launch_split_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
+                              bool normalize, launch_context& lc) {
+  using namespace mma_query_state_cfg;
+  mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
+  const int64_t ctas = query_grid(P, pb, kTokens);
+  if (ctas == 0) return;
+  with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
+    using T = decltype(type_tag);
+    constexpr int E = decltype(e_tag)::value;
+    launch_with_smem(mma_query_state_kernel<T, E, true>, ctas, kThreads, mma_query_state_smem<T, E, true>(P.d),
+                     lc.stream, P);
+  });
+  check_launch("mma query_state (split operands)");
+}
+
 std::string wgmma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props) {
   return mma_query_state_declines(pb, in, props);
 }

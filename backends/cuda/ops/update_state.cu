@@ -98,9 +98,10 @@ std::string mma_update_state_declines(const expanse_problem& pb, const expanse_t
 template <bool kSplit>
 static void launch_mma_update_state_form(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
                                          const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
-                                         const expanse_tensor* z, launch_context& lc) {
+                                         const expanse_tensor* z, launch_context& lc, const float* weight = nullptr) {
   using namespace mma_update_state_cfg;
-  const mma_update_state_params P = update_state_params(k, v, g, phi, pb, S, z, kRows);
+  mma_update_state_params P = update_state_params(k, v, g, phi, pb, S, z, kRows);
+  P.weight = weight;
   const int64_t ctas = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
   if (ctas == 0) return;
   with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
@@ -125,6 +126,14 @@ void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v,
                                const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                                launch_context& lc) {
   launch_mma_update_state_form<true>(k, v, g, phi, pb, S, z, lc);
+}
+
+// The same with a weight per token [b,t,h] (f32, contiguous) in place of the gates (pb ungated):
+// S_m = sum_j weight_j phi(k_j) v_j^T, the tensor-core power_attention_backward's cotangent states.
+void launch_weighted_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const float* weight,
+                                        const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
+                                        launch_context& lc) {
+  launch_mma_update_state_form<true>(k, v, gates{}, phi, pb, S, nullptr, lc, weight);
 }
 
 std::string wgmma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,

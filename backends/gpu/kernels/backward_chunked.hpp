@@ -1,8 +1,8 @@
 // The element-wise and per-chunk kernels that the chunked tensor-core power_attention_backward (CUDA
 // backend) runs between its matrix products, vendor-neutral:
 //   query_cotangents_kernel          each query's denominator, 1 / den_i, dden_i, and exp(Gc_i) scale^p
-//                                    dnum_i in the input dtype: the values of the query-side state
-//                                    cotangents (update_state's)
+//                                    / den_i: the query's weight in the state cotangents (the values
+//                                    are dout itself)
 //   weighted_features_kernel         sum_{i in m} exp(Gc_i) scale^p dden_i phi(q_i): their z part
 #pragma once
 
@@ -80,7 +80,7 @@ __device__ __forceinline__ void load8(const T* src, float (&out)[8]) {
 //   den_i = exp(Gc_i) phi(scale q_i)^T z_m + l_i exp(rowmax_i)   (normalized; z_m [b,n,h,D] f32, null
 //           without forward states; l, rowmax: chunk_attention's), else 1
 //   rden_i = 1 / den_i, dden_i = -rden_i dout_i . o_i   (0 where den_i = 0; unnormalized dden_i = 0)
-//   weighted_i = exp(Gc_i) scale^p rden_i dout_i in T, contiguous [b,t,hq,e] (null: not wanted)
+//   weight_i = exp(Gc_i) scale^p rden_i, f32 contiguous [b,t,hq] (null: not wanted)
 // phi(scale q)^T z_m is scale^p q^T Z q (weighted_features_kernel's quadratic form: normalized means an
 // even p, and the tensor-core backward takes p = 2 there), Z in shared memory, read by every thread at
 // once (a broadcast) against its q in registers. One kernel where there were three (the state's denominators,
@@ -89,7 +89,7 @@ template <class T>
 __global__ void __launch_bounds__(kCotangentTokens)
     query_cotangents_kernel(expanse_tensor q, expanse_tensor dout, expanse_tensor o, expanse_tensor l, expanse_tensor rowmax,
                             const float* z, gates g, expanse_problem pb, float scale_p, int tiles, float* rden, float* dden,
-                            T* weighted) {
+                            float* weight) {
   __shared__ __align__(16) float zs[kQuadDim][kQuadDim];
   const int tile = int(blockIdx.x % tiles);
   const token_row at = split_row(blockIdx.x / tiles, pb.n, pb.hq);  // (batch, chunk, query head)
@@ -135,17 +135,7 @@ __global__ void __launch_bounds__(kCotangentTokens)
   const float r = den == 0.f ? 0.f : 1.f / den;
   dden[row] = pb.normalize && den != 0.f ? -od / den : 0.f;
   if (rden) rden[row] = r;
-  if (!weighted) return;
-  const float f = r * scale_p * decay;
-  for (int c8 = 0; c8 < pb.e / 8; ++c8) {
-    float x[8];
-    load8(dout_row + 8 * c8, x);
-    uint4 out;
-    T* ov = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ov[j] = from_f32<T>(x[j] * f);
-    *reinterpret_cast<uint4*>(weighted + row * pb.e + 8 * c8) = out;
-  }
+  if (weight) weight[row] = r * scale_p * decay;
 }
 
 }  // namespace expanse_gpu

@@ -3,6 +3,8 @@
 // the intra-chunk term (query_output.hpp).
 #pragma once
 
+#include <type_traits>
+
 #include "gpu/kernels/common.hpp"
 #include "gpu/kernels/query_output.hpp"
 
@@ -37,12 +39,20 @@ __global__ void simple_query_state_kernel(query_inputs in, gates g, const phi_en
     const int64_t qoff = off4(in.q, batch, i, qh, 0);
     auto qv = [&](int j) { return load<T>(in.q, qoff + j * in.q.strides[3]); };
     for (int64_t col0 = 0; col0 < pb.e; col0 += kLaneGroup * kQueryColsPerLane) {
-      float acc[kQueryColsPerLane];
-      for (int j = 0; j < kQueryColsPerLane; ++j) acc[j] = 0.f;
-      float den = 0.f;
+      // f32 inputs sum in f64 with phi's coefficient exact: the terms of phi(q) . S and phi(q) . z
+      // have both signs and can cancel to far below their size (a p = 4 sum in f32 came out 1.1e-5
+      // off, against the 1e-5 tolerance); b16 inputs carry more error than such a sum adds.
+      using sum_t = std::conditional_t<std::is_same_v<T, float>, double, float>;
+      sum_t acc[kQueryColsPerLane];
+      for (int j = 0; j < kQueryColsPerLane; ++j) acc[j] = 0;
+      sum_t den = 0;
       if (in.S.data) {
         for (int64_t r = 0; r < pb.D; ++r) {
-          const float ph = phi_value(table[r], pb.p, qv);
+          sum_t ph;
+          if constexpr (std::is_same_v<sum_t, double>)
+            ph = phi_value_f64(table[r], pb.p, [&](int j) { return double(qv(j)); });
+          else
+            ph = phi_value(table[r], pb.p, qv);
           const int64_t so = off5(in.S, batch, m, kv, r, 0);
 #pragma unroll
           for (int j = 0; j < kQueryColsPerLane; ++j) {
@@ -57,7 +67,7 @@ __global__ void simple_query_state_kernel(query_inputs in, gates g, const phi_en
         const int64_t col = col0 + lane + kLaneGroup * j;
         if (col >= pb.e) continue;
         const float yv = intra ? loadf(in.y, off4(in.y, batch, i, qh, col)) : 0.f;
-        const float o = combine_output(acc[j] * f, den * f, gi, intra, yv, lv, rm, normalize != 0);
+        const float o = combine_output(float(acc[j] * f), float(den * f), gi, intra, yv, lv, rm, normalize != 0);
         static_cast<T*>(in.o.data)[off4(in.o, batch, i, qh, col)] = from_f32<T>(o);
       }
     }

@@ -8,6 +8,11 @@
 //
 // CTA: 4 warps, 128 tokens of one chunk (32 per warp: two m16 tiles) x all e, over one query head.
 // The K loop steps 32 rows of the state; the next rows are staged in registers meanwhile.
+//
+// kSplit (the tensor-core power_attention_backward's dv state term, phi(k_j)^T dY, which cancels where
+// a query of large 1 / den_i nearly orthogonal to k_j dominates dY): phi(Q) is formed in f32 and both
+// operands are split into b16 hi + lo, A_hi B_hi + A_lo B_hi + A_hi B_lo per product, as
+// kernels/sm90/blocked_query_state.cuh does on Hopper.
 #pragma once
 
 #include "gpu/kernels/query_output.hpp"
@@ -51,10 +56,10 @@ constexpr int kRowsK = 32;    // rows of the state per K step
 constexpr int kMaxD = 256;
 }  // namespace mma_query_state_cfg
 
-template <class T, int E>
+template <class T, int E, bool kSplit = false>
 constexpr size_t mma_query_state_smem(int d) {
   using namespace mma_query_state_cfg;
-  return size_t(kTokens) * (d + 8) * sizeof(T) + 2 * size_t(kRowsK) * (E + 8) * sizeof(T) +
+  return size_t(kTokens) * (d + 8) * sizeof(T) + (kSplit ? 4 : 2) * size_t(kRowsK) * (E + 8) * sizeof(T) +
          2 * size_t(kRowsK) * 4 * sizeof(int);
 }
 
@@ -109,7 +114,7 @@ __device__ __forceinline__ void store_query_output(const mma_query_state_params&
   }
 }
 
-template <class T, int E>
+template <class T, int E, bool kSplit = false>
 __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_params P) {
   using namespace mma_query_state_cfg;
   constexpr int kSS = E + 8;  // row stride of the state tile (e columns + the z tile)
@@ -119,10 +124,12 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
   const int d = P.d, qs_stride = d + 8;
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kTokens][d+8]
   // Two buffers each, addressed by arithmetic (a run-time indexed pointer array would live in
-  // local memory): the state rows [kRowsK][kSS] in b16 and their q columns [kRowsK][4].
+  // local memory): the state rows [kRowsK][kSS] in b16 (kSplit: hi, then two buffers of lo) and
+  // their q columns [kRowsK][4].
   T* const sb0 = qs + kTokens * qs_stride;
   constexpr int sb_size = kRowsK * kSS;
-  int* const sidx0 = reinterpret_cast<int*>(sb0 + 2 * sb_size);
+  [[maybe_unused]] T* const lo0 = sb0 + 2 * sb_size;
+  int* const sidx0 = reinterpret_cast<int*>(sb0 + (kSplit ? 4 : 2) * sb_size);
   constexpr int sidx_size = kRowsK * 4;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -174,14 +181,26 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
       const int vi = tid + i * kThreads, row = vi / (E / 4), c4 = vi % (E / 4);
       const float cf = creg[i];
       uint2 packed;
-      packed.x = pack2_f32<T>(sreg[i].x * cf, sreg[i].y * cf);
-      packed.y = pack2_f32<T>(sreg[i].z * cf, sreg[i].w * cf);
+      [[maybe_unused]] uint2 lo;
+      if constexpr (kSplit) {
+        split2_f32<T>(sreg[i].x * cf, sreg[i].y * cf, packed.x, lo.x);
+        split2_f32<T>(sreg[i].z * cf, sreg[i].w * cf, packed.y, lo.y);
+        *reinterpret_cast<uint2*>(lo0 + buf * sb_size + row * kSS + c4 * 4) = lo;
+      } else {
+        packed.x = pack2_f32<T>(sreg[i].x * cf, sreg[i].y * cf);
+        packed.y = pack2_f32<T>(sreg[i].z * cf, sreg[i].w * cf);
+      }
       *reinterpret_cast<uint2*>(sb0 + buf * sb_size + row * kSS + c4 * 4) = packed;
     }
     if (tid < kRowsK) {
       uint4 zr = make_uint4(0, 0, 0, 0);
-      reinterpret_cast<T*>(&zr)[0] = from_f32<T>(zreg * zcoef);
+      const float zv = zreg * zcoef;
+      reinterpret_cast<T*>(&zr)[0] = from_f32<T>(zv);
       *reinterpret_cast<uint4*>(sb0 + buf * sb_size + tid * kSS + E) = zr;
+      if constexpr (kSplit) {
+        reinterpret_cast<T*>(&zr)[0] = from_f32<T>(zv - to_f32(reinterpret_cast<T*>(&zr)[0]));
+        *reinterpret_cast<uint4*>(lo0 + buf * sb_size + tid * kSS + E) = zr;
+      }
 #pragma unroll
       for (int k = 0; k < 4; ++k) sidx0[buf * sidx_size + tid * 4 + k] = ireg[k];
     }
@@ -210,6 +229,7 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
     const int buf = static_cast<int>(step & 1);
     if (step + 1 < steps) load_step((step + 1) * kRowsK);
     const T* bb = sb0 + buf * sb_size;
+    [[maybe_unused]] const T* bl = lo0 + buf * sb_size;  // kSplit only
     const int* ib = sidx0 + buf * sidx_size;
 #pragma unroll
     for (int ks = 0; ks < kRowsK / 16; ++ks) {
@@ -222,6 +242,7 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
         cols[j][0] = v.x; cols[j][1] = v.y; cols[j][2] = v.z; cols[j][3] = v.w;
       }
       uint32_t a[2][4];
+      [[maybe_unused]] uint32_t a_lo[2][4];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -229,10 +250,21 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
           const T* row = qrow[mt][q & 1];
           const int j0 = (q >> 1) * 2;  // phi rows j0 and j0+1 of cols[]
           uint32_t prod = pack2(row[cols[j0][0]], row[cols[j0 + 1][0]]);
+          if constexpr (kSplit) {  // the product in f32, then hi + lo
+            float2 x = unpack2_f32<T>(prod);
 #pragma unroll
-          for (int k = 1; k < 4; ++k)
-            if (k < P.p) prod = mul2<T>(prod, pack2(row[cols[j0][k]], row[cols[j0 + 1][k]]));
-          a[mt][q] = prod;
+            for (int k = 1; k < 4; ++k)
+              if (k < P.p) {
+                const float2 y = unpack2_f32<T>(pack2(row[cols[j0][k]], row[cols[j0 + 1][k]]));
+                x.x *= y.x, x.y *= y.y;
+              }
+            split2_f32<T>(x.x, x.y, a[mt][q], a_lo[mt][q]);
+          } else {
+#pragma unroll
+            for (int k = 1; k < 4; ++k)
+              if (k < P.p) prod = mul2<T>(prod, pack2(row[cols[j0][k]], row[cols[j0 + 1][k]]));
+            a[mt][q] = prod;
+          }
         }
       const int brow = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
@@ -244,12 +276,32 @@ __global__ void __launch_bounds__(128) mma_query_state_kernel(mma_query_state_pa
           mma_16816<T>(acc[mt][2 * np], a[mt], b);
           mma_16816<T>(acc[mt][2 * np + 1], a[mt], b + 2);
         }
+        if constexpr (kSplit) {
+          uint32_t blo[4];
+          ldmatrix_x4_trans(blo, bl + brow * kSS + np * 16 + (lane >> 4) * 8);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_16816<T>(acc[mt][2 * np], a_lo[mt], b);
+            mma_16816<T>(acc[mt][2 * np + 1], a_lo[mt], b + 2);
+            mma_16816<T>(acc[mt][2 * np], a[mt], blo);
+            mma_16816<T>(acc[mt][2 * np + 1], a[mt], blo + 2);
+          }
+        }
       }
       if (want_z) {
         uint32_t b[2];
         ldmatrix_x2_trans(b, bb + brow * kSS + E);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) mma_16816<T>(acc[mt][kNT], a[mt], b);
+        if constexpr (kSplit) {
+          uint32_t blo[2];
+          ldmatrix_x2_trans(blo, bl + brow * kSS + E);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_16816<T>(acc[mt][kNT], a_lo[mt], b);
+            mma_16816<T>(acc[mt][kNT], a[mt], blo);
+          }
+        }
       }
     }
     if (step + 1 < steps) store_step(buf ^ 1);

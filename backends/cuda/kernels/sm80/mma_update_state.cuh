@@ -29,6 +29,9 @@ struct mma_update_state_params {
   int64_t k_sb, k_st, k_sh;  // strides of k [b,t,h,d] (d contiguous)
   int64_t v_sb, v_st, v_sh;
   gates g;
+  // kSplit only (null: the gates): each token's weight w_j in the gates' place, [b,t,h] f32
+  // contiguous (the backward's cotangent states: exp(Gc_i) scale^p / den_i per query).
+  const float* weight;
   const phi_entry* table;
   phi_blocks blocks;  // for the blocked kernel only
   float* S;
@@ -140,9 +143,15 @@ __global__ void __launch_bounds__(256, 1) mma_update_state_kernel(mma_update_sta
   float zgc = 0.f;
   const T* kbase = static_cast<const T*>(P.k) + batch * P.k_sb + head * P.k_sh;
   const T* vbase = static_cast<const T*>(P.v) + batch * P.v_sb + head * P.v_sh;
-  auto gc_of = [&](int64_t s) { return P.g.Gc && s < len ? P.g.Gc[bh * P.t + first + s] : 0.f; };
+  // What a token's gate is made of: Gc, or its weight where the caller gives them.
+  auto gc_of = [&](int64_t s) {
+    if (s >= len) return 0.f;
+    if (kSplit && P.weight) return P.weight[(batch * P.t + first + s) * P.h + head];
+    return P.g.Gc ? P.g.Gc[bh * P.t + first + s] : 0.f;
+  };
   auto gate = [&](int64_t s, float gc) {
     if (s >= len) return 0.f;
+    if (kSplit && P.weight) return gc;
     if (!P.g.Gc) return 1.f;
     return kSplit ? expf(A - gc) : __expf(A - gc);  // __expf's error (2 + 1.16 |x| ulp) would pass 2^-17
   };
