@@ -38,13 +38,17 @@ using expanse_sdk::exchange_call;
 template <pullback_product kProduct>
 void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, const exchange_call* exchange);
 // ops/update_state.cu: update_state with its operands split into b16 hi + lo, for the forward sweep,
-// and with per-token weights in place of the gates, for the cotangent states.
+// and with per-token weights in place of the gates, for the cotangent states: the sm_80 kernel, and
+// the blocked wgmma one (p = 2, the "wgmma" implementation).
 void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
                                const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                                launch_context& lc);
+void launch_blocked_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
+                                       const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
+                                       const expanse_tensor* z, launch_context& lc);
 void launch_weighted_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const float* weight,
                                         const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
-                                        launch_context& lc);
+                                        bool blocked, launch_context& lc);
 // ops/query_state.cu: query_state with both operands split into b16 hi + lo (dv's state term): the
 // blocked wgmma kernel (p = 2) and the sm_80 one.
 void launch_blocked_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
@@ -108,7 +112,10 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
   float* boundary = take_boundary_sums(op, plan, lc.ws);
 
   // 1. The forward sweep.
-  const forward_sweep fw = recompute_forward_states(op, plan, shared, lc, launch_split_update_state);
+  // The blocked wgmma kernels where the implementation is "wgmma" and p = 2, else the sm_80 ones.
+  const bool blocked = kProduct == pullback_product::wgmma && pb.p == 2;
+  const forward_sweep fw = recompute_forward_states(
+      op, plan, shared, lc, blocked ? launch_blocked_split_update_state : launch_split_update_state);
   backward_states st{};
   st.S = fw.S, st.z = fw.z;
 
@@ -185,7 +192,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
     expanse_tensor into_S = grouped ? Xs : st.dY, into_z = grouped ? Xz : st.dZ;
     if (!sizing) {
       launch_weighted_split_update_state(*a.q, *a.dout, state_weight, shared.phi, plain_problem(pb.hq, EXPANSE_F32),
-                                         into_S, lc);
+                                         into_S, blocked, lc);
       if (into_z.data && query_states > 0) {
         with_b16_type(pb.input_dtype, [&](auto tag) {
           using T = decltype(tag);
@@ -218,7 +225,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
       expanse_problem qs_pb = plain_problem(pb.h, pb.input_dtype);
       qs_pb.scale = 1.0;
       qs_pb.normalize = 0;
-      if (kProduct == pullback_product::wgmma && pb.p == 2)
+      if (blocked)
         launch_blocked_query_state(keys, gates{}, shared.phi, qs_pb, false, lc);
       else
         launch_split_query_state(keys, gates{}, shared.phi, qs_pb, false, lc);

@@ -160,8 +160,11 @@ void launch_split_query_state(const query_inputs& in, const gates& g, const phi_
   with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int E = decltype(e_tag)::value;
-    launch_with_smem(mma_query_state_kernel<T, E, true>, ctas, kThreads, mma_query_state_smem<T, E, true>(P.d),
-                     lc.stream, P);
+    if constexpr (E == 64)  // the tensor-core backward's e only
+      launch_with_smem(mma_query_state_kernel<T, E, true>, ctas, kThreads, mma_query_state_smem<T, E, true>(P.d),
+                       lc.stream, P);
+    else
+      throw std::logic_error("the split sm_80 query_state is built for e = 64");
   });
   check_launch("mma query_state (split operands)");
 }

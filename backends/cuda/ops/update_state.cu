@@ -128,13 +128,6 @@ void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v,
   launch_mma_update_state_form<true>(k, v, g, phi, pb, S, z, lc);
 }
 
-// The same with a weight per token [b,t,h] (f32, contiguous) in place of the gates (pb ungated):
-// S_m = sum_j weight_j phi(k_j) v_j^T, the tensor-core power_attention_backward's cotangent states.
-void launch_weighted_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const float* weight,
-                                        const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
-                                        launch_context& lc) {
-  launch_mma_update_state_form<true>(k, v, gates{}, phi, pb, S, nullptr, lc, weight);
-}
 
 std::string wgmma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
                                         const expanse_tensor& S, const expanse_tensor* z, const device_props& props) {
@@ -176,11 +169,13 @@ std::string blocked_update_state_declines(const expanse_problem& pb, const expan
   return why;
 }
 
-void launch_blocked_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
-                                 const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
-                                 const expanse_tensor* z, launch_context& lc) {
+template <bool kSplit>
+static void launch_blocked_update_state_form(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
+                                             const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
+                                             const expanse_tensor* z, launch_context& lc, const float* weight = nullptr) {
   using namespace blocked_update_state_cfg;
   mma_update_state_params P = update_state_params(k, v, g, phi, pb, S, z, 64 * kBlocksPerCta);
+  P.weight = weight;
   P.row_tiles = static_cast<int>((phi.blocks.count + kBlocksPerCta - 1) / kBlocksPerCta);
   P.tile_count = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
   if (P.tile_count == 0) return;
@@ -189,12 +184,12 @@ void launch_blocked_update_state(const expanse_tensor& k, const expanse_tensor& 
     constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
     // The deepest rings that fit: extra step buffers first, then raw stages (declines checked the
     // smallest, kMinRawStages of each).
-    auto bytes = [&] { return blocked_update_state_smem<T, DH, E>(P.ring, P.raw_stages); };
+    auto bytes = [&] { return blocked_update_state_smem<T, DH, E, kSplit>(P.ring, P.raw_stages); };
     P.raw_stages = P.ring = kMinRawStages;
     bool found = false;
     for (int extra = kExtraBuffers; extra >= 0 && !found; --extra)
       for (int raw = kMaxRawStages; raw >= kMinRawStages && !found; --raw)
-        if (blocked_update_state_smem<T, DH, E>(raw + extra, raw) <= lc.props.smem_optin) {
+        if (blocked_update_state_smem<T, DH, E, kSplit>(raw + extra, raw) <= lc.props.smem_optin) {
           P.raw_stages = raw;
           P.ring = raw + extra;
           found = true;
@@ -204,10 +199,38 @@ void launch_blocked_update_state(const expanse_tensor& k, const expanse_tensor& 
       launch_with_smem(kernel, std::min<int64_t>(P.tile_count, std::max(lc.props.multiprocessors, 1)), kThreads, bytes(),
                        lc.stream, P);
     };
-    if (pb.p == 2) launch(blocked_update_state_kernel<T, DH, E, 2>);
+    if constexpr (kSplit) {  // the tensor-core backward's shapes only: p = 2, d = e = 64
+      if constexpr (DH == 64 && E == 64) launch(blocked_update_state_kernel<T, DH, E, 2, true>);
+      else throw std::logic_error("the split blocked update_state is built for d = e = 64");
+    }
+    else if (pb.p == 2) launch(blocked_update_state_kernel<T, DH, E, 2>);
     else if constexpr (std::is_same_v<T, __nv_bfloat16>) launch(blocked_update_state_kernel<T, DH, E, 4>);  // f16 takes p <= 2
   });
-  check_launch("blocked update_state");
+  check_launch(kSplit ? "blocked update_state (split operands)" : "blocked update_state");
+}
+
+void launch_blocked_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
+                                 const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
+                                 const expanse_tensor* z, launch_context& lc) {
+  launch_blocked_update_state_form<false>(k, v, g, phi, pb, S, z, lc);
+}
+
+// The forward sweep's split states on Hopper at p = 2 in the symmetric layout (what
+// blocked_update_state_declines accepts there).
+void launch_blocked_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
+                                       const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
+                                       const expanse_tensor* z, launch_context& lc) {
+  launch_blocked_update_state_form<true>(k, v, g, phi, pb, S, z, lc);
+}
+
+// The split states with a weight per token [b,t,h] (f32, contiguous) in place of the gates (pb
+// ungated): S_m = sum_j weight_j phi(k_j) v_j^T, the tensor-core power_attention_backward's cotangent
+// states; `blocked`: the Hopper kernel (as launch_blocked_split_update_state takes), else the sm_80 one.
+void launch_weighted_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const float* weight,
+                                        const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
+                                        bool blocked, launch_context& lc) {
+  if (blocked) launch_blocked_update_state_form<true>(k, v, gates{}, phi, pb, S, nullptr, lc, weight);
+  else launch_mma_update_state_form<true>(k, v, gates{}, phi, pb, S, nullptr, lc, weight);
 }
 
 namespace {

@@ -23,6 +23,12 @@
 //   writes the gates, and arrives on the buffer's "full" barrier (bulk_copy.cuh);
 // - two consumer warpgroups (2 m64 tiles each) form A from the key tile, multiply, release the
 //   buffer on its "empty" barrier, and write the tile's rows of S and z.
+// kSplit (p = 2; the tensor-core power_attention_backward's forward sweep and cotangent states, whose
+// state terms cancel and magnify a b16 rounding): A = w_j phi(k_j) is formed in f32 from an f32 gate
+// row and split into b16 hi + lo, two products per slice against the values as they are (exact in
+// b16), as the sm_80 kernel's kSplit does. With P.weight the producer copies each token's weight
+// into the gate row in place of exp(A - Gc_j).
+//
 // History (docs/performance.md): one CTA per tile with every warp staging and then multiplying, a
 // CTA barrier per step, ran at 220 TFLOP/s at P1; the same work split into producer and consumers
 // ran at the same speed, the producer (key transposition, value gating and conversion: 190
@@ -63,13 +69,15 @@ template <class T, int E> constexpr int value_row_bytes() { return E * int(sizeo
 template <class T, int E> constexpr int value_block_bytes() { return kTok * value_row_bytes<T, E>(); }
 template <class T, int E> constexpr int value_blocks() { return E * int(sizeof(T)) / value_row_bytes<T, E>(); }
 // A step buffer: the value blocks and the ones block, then the key tile [DH + 2][kTokPad] (row DH
-// is ones: the fixed factors past p point there; row DH + 1 holds the gates), rounded up to 1024
-// bytes (the swizzle's alignment).
+// is ones: the fixed factors past p point there; row DH + 1 holds the gates; kSplit: the gates in f32
+// after the tile instead, in the same token order), rounded up to 1024 bytes (the swizzle's alignment).
 template <int DH> constexpr int key_tile_elems() { return (DH + 2) * kTokPad; }
+template <class T, int E> constexpr int key_tile_offset() { return (value_blocks<T, E>() + 1) * value_block_bytes<T, E>(); }
 template <class T, int DH, int E>
+constexpr int f32_gate_offset() { return key_tile_offset<T, E>() + key_tile_elems<DH>() * int(sizeof(T)); }
+template <class T, int DH, int E, bool kSplit = false>
 constexpr int step_buffer_bytes() {
-  return ((value_blocks<T, E>() + 1) * value_block_bytes<T, E>() + key_tile_elems<DH>() * int(sizeof(T)) + 1023) / 1024 *
-         1024;
+  return (f32_gate_offset<T, DH, E>() + (kSplit ? kTok * 4 : 0) + 1023) / 1024 * 1024;
 }
 // A raw stage: the step's key rows [64][DH] (16-byte chunk c of row s at key_raw_offset), then the
 // tokens' Gc (f32).
@@ -85,10 +93,10 @@ constexpr int kMinRawStages = 3, kMaxRawStages = 5, kExtraBuffers = 2;
 }  // namespace blocked_update_state_cfg
 
 // Shared memory: 1024 bytes of alignment slack, the step buffers, the raw stages, 2 barriers per buffer.
-template <class T, int DH, int E>
+template <class T, int DH, int E, bool kSplit = false>
 constexpr size_t blocked_update_state_smem(int buffers, int raw_stages) {
   using namespace blocked_update_state_cfg;
-  return 1024 + size_t(buffers) * (step_buffer_bytes<T, DH, E>() + 2 * sizeof(uint64_t)) +
+  return 1024 + size_t(buffers) * (step_buffer_bytes<T, DH, E, kSplit>() + 2 * sizeof(uint64_t)) +
          size_t(raw_stages) * raw_stage_bytes<T, DH>();
 }
 
@@ -138,16 +146,16 @@ struct tile_step_walk {
 };
 
 // The producer warpgroup (thread pt of 128).
-template <class T, int DH, int E>
+template <class T, int DH, int E, bool kSplit>
 __device__ __forceinline__ void produce_update_steps(const mma_update_state_params& P, unsigned char* bufs,
                                                      unsigned char* raws, uint64_t* full, uint64_t* empty, int pt) {
   using namespace blocked_update_state_cfg;
   constexpr int d = DH;
   constexpr int kKeyChunks = d / 8, kValChunks = E / 8;  // 16-byte chunks per row
   constexpr int kRawBytes = raw_stage_bytes<T, d>();
-  constexpr int kBufBytes = step_buffer_bytes<T, d, E>();
+  constexpr int kBufBytes = step_buffer_bytes<T, d, E, kSplit>();
   constexpr int kVRow = value_row_bytes<T, E>(), kVBlock = value_block_bytes<T, E>(), kVChunks = kVRow / 16;
-  constexpr int kKeyTile = (value_blocks<T, E>() + 1) * kVBlock;  // byte offset of the key tile in a buffer
+  constexpr int kKeyTile = key_tile_offset<T, E>();  // byte offset of the key tile in a buffer
   constexpr int kGcOffset = kTok * d * int(sizeof(T));
   const uint32_t buffers = P.ring, raw_stages = P.raw_stages;
 
@@ -190,8 +198,12 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
       for (int j = 0; j < kValCopies; ++j) copy_async<16>(buf + vdst[j], vsrc + 8 * j, in);
       if (pt >= kProducerThreads - kTok) {  // the last warps: the first one computes the gates
         const int s = pt - (kProducerThreads - kTok);
-        const bool gin = P.g.Gc != nullptr && s < left;
-        copy_async<4>(raw + kGcOffset + 4 * s, gin ? P.g.Gc + w.at.bh * P.t + w.at.first + s0 + s : nullptr, gin);
+        const bool weighted = kSplit && P.weight != nullptr;
+        const bool gin = (weighted || P.g.Gc != nullptr) && s < left;
+        const float* src = !gin ? nullptr
+                           : weighted ? P.weight + ((w.at.batch * P.t + w.at.first + s0 + s) * P.h + w.at.head)
+                                      : P.g.Gc + w.at.bh * P.t + w.at.first + s0 + s;
+        copy_async<4>(raw + kGcOffset + 4 * s, src, gin);
       }
     }
     copy_async_commit();
@@ -218,14 +230,22 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
     if (pt < kTok / 2) {
       const int left = static_cast<int>(min(w.at.len - int64_t(w.step) * kTok, int64_t(kTok)));
       float w0 = 1.f, w1 = 1.f;
-      if (P.g.Gc != nullptr) {
-        // (A - Gc_s <= 0: ex2 without exp's range handling; gates under 2^-126 flush to 0.)
-        const float2 gc = reinterpret_cast<const float2*>(raw + kGcOffset)[pt];
-        w0 = fast_exp2(fmaf(-gc.x, kLog2e, w.at.total_log2));
-        w1 = fast_exp2(fmaf(-gc.y, kLog2e, w.at.total_log2));
+      const float2 gc = reinterpret_cast<const float2*>(raw + kGcOffset)[pt];
+      if (kSplit && P.weight != nullptr) {
+        w0 = gc.x, w1 = gc.y;
+      } else if (P.g.Gc != nullptr) {
+        // (A - Gc_s <= 0: ex2 without exp's range handling; gates under 2^-126 flush to 0. kSplit:
+        // exp2f, whose 2 ulp stay under the split's 2^-17.)
+        const float x0 = fmaf(-gc.x, kLog2e, w.at.total_log2), x1 = fmaf(-gc.y, kLog2e, w.at.total_log2);
+        w0 = kSplit ? exp2f(x0) : fast_exp2(x0);
+        w1 = kSplit ? exp2f(x1) : fast_exp2(x1);
       }
-      reinterpret_cast<uint32_t*>(kb + (d + 1) * kTokPad)[token_pair_word(pt)] =
-          pack2_f32<T>(2 * pt < left ? w0 : 0.f, 2 * pt + 1 < left ? w1 : 0.f);
+      w0 = 2 * pt < left ? w0 : 0.f;
+      w1 = 2 * pt + 1 < left ? w1 : 0.f;
+      if constexpr (kSplit)
+        reinterpret_cast<float2*>(buf + f32_gate_offset<T, d, E>())[token_pair_word(pt)] = make_float2(w0, w1);
+      else
+        reinterpret_cast<uint32_t*>(kb + (d + 1) * kTokPad)[token_pair_word(pt)] = pack2_f32<T>(w0, w1);
     }
   };
 
@@ -260,16 +280,17 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
 }
 
 // PM: 2 for p = 2 (fixed factors ignored), 4 for p = 3, 4 (fixed factors past p read the row of ones).
-template <class T, int DH, int E, int PM>
+template <class T, int DH, int E, int PM, bool kSplit = false>
 __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
     blocked_update_state_kernel(mma_update_state_params P) {
   using namespace blocked_update_state_cfg;
+  static_assert(!kSplit || PM == 2, "the split form takes p = 2");
   constexpr int N = E + 8;    // e columns + the z tile
   constexpr int kNT = E / 8;  // 8-column blocks of v; block kNT is the z tile
   constexpr int d = DH;
-  constexpr int kBufBytes = step_buffer_bytes<T, d, E>();
+  constexpr int kBufBytes = step_buffer_bytes<T, d, E, kSplit>();
   constexpr int kVRow = value_row_bytes<T, E>(), kVBlock = value_block_bytes<T, E>(), kVBlocks = value_blocks<T, E>();
-  constexpr int kKeyTile = (kVBlocks + 1) * kVBlock;
+  constexpr int kKeyTile = key_tile_offset<T, E>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t buffers = P.ring;
   // The swizzled value blocks need 1024-byte alignment.
@@ -303,7 +324,7 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
   __syncthreads();       // the roles meet only at the barriers from here on
   if (warp >= kConsumerWarps) {
     warpgroup_registers_lower<producer_registers<E>()>();
-    produce_update_steps<T, d, E>(P, bufs, raws, full, empty, tid - kConsumerThreads);
+    produce_update_steps<T, d, E, kSplit>(P, bufs, raws, full, empty, tid - kConsumerThreads);
     return;
   }
   warpgroup_registers_raise<consumer_registers<E>()>();
@@ -314,6 +335,8 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
   const uint64_t desc0 = nmajor_swizzled_desc(bufs, kVRow, kVBlock, 8 * kVRow);
   constexpr uint32_t kBufDesc = kBufBytes / 16, kSliceDesc = 16 * kVRow / 16;
   const int gate_off = (d + 1) * kTokPad + tq * 16;  // this lane's 16 tokens of the gate row
+  // kSplit: two slots of A fragments, each with its lo part (the registers of four).
+  constexpr int kSlots = kSplit ? 2 : kASlots;
   ring_position buffer;  // of this step's buffer, over the steps of all tiles so far
   uint32_t prev_buf = 0;
   // The phi blocks of a tile's m64 tiles (past the last block: any rows, never stored), read a tile
@@ -355,9 +378,10 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
     }
     float acc[2][N / 2];
     wgmma_zero(acc);
-    // The A fragments of K slice ks (slot ks) are read by that slice's products (one wgmma group)
-    // until they complete; the slot is rewritten after waiting for that group only.
-    uint32_t a[kASlots][2][4];
+    // The A fragments of K slice ks (slot ks % kSlots) are read by that slice's products (one wgmma
+    // group) until they complete; the slot is rewritten after waiting for that group only.
+    uint32_t a[kSlots][2][4];
+    [[maybe_unused]] uint32_t a_lo[kSplit ? kSlots : 1][2][4];
     for (int step = 0; step < at.steps; ++step) {
       const uint32_t buf = buffer.buf;
       mbarrier_wait(&full[buf], buffer.phase);
@@ -367,12 +391,20 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
       // last factor times the gates; word 2 (ks % 2) + h of a slice is the token pair of A register
       // (ks, h) (wgmma.cuh: register 2h + hf).
       uint4 last[2][2], mid[2][2][2];
+      [[maybe_unused]] float gf[2][8];  // kSplit: the f32 gates of this lane's tokens in half j
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const uint4 gates = *reinterpret_cast<const uint4*>(kb + gate_off + 8 * j);
+        uint4 gates = make_uint4(0, 0, 0, 0);
+        if constexpr (kSplit) {
+          const float* g32 = reinterpret_cast<const float*>(bufs + buf * kBufBytes + f32_gate_offset<T, d, E>()) + tq * 16 + 8 * j;
+          *reinterpret_cast<float4*>(&gf[j][0]) = *reinterpret_cast<const float4*>(g32);
+          *reinterpret_cast<float4*>(&gf[j][4]) = *reinterpret_cast<const float4*>(g32 + 4);
+        } else {
+          gates = *reinterpret_cast<const uint4*>(kb + gate_off + 8 * j);
+        }
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          last[j][mt] = mul2x4<T>(load_shared_16(kb + last_off[mt] + 8 * j), gates);
+          last[j][mt] = kSplit ? load_shared_16(kb + last_off[mt] + 8 * j) : mul2x4<T>(load_shared_16(kb + last_off[mt] + 8 * j), gates);
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) mid[j][mt][hf] = *reinterpret_cast<const uint4*>(kb + mid_off[mt][hf] + 8 * j);
           if constexpr (PM == 4) {
@@ -384,18 +416,26 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
       }
 #pragma unroll
       for (int ks = 0; ks < kTok / 16; ++ks) {
-        wgmma_wait<kASlots - 1>();  // the group that last read this slot is complete
-        const int j = ks / 2, kk = ks % 2;
+        wgmma_wait<kSlots - 1>();  // the group that last read this slot is complete
+        const int j = ks / 2, kk = ks % 2, slot = ks % kSlots;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             const int hf = q & 1, w = 2 * kk + (q >> 1);
-            a[ks][mt][q] = mul2<T>(word_of(last[j][mt], w), word_of(mid[j][mt][hf], w));
+            if constexpr (kSplit) {  // the product and its gate in f32, then hi + lo
+              const float2 x = unpack2_f32<T>(word_of(last[j][mt], w)), y = unpack2_f32<T>(word_of(mid[j][mt][hf], w));
+              split2_f32<T>(x.x * y.x * gf[j][2 * w], x.y * y.y * gf[j][2 * w + 1], a[slot][mt][q], a_lo[slot][mt][q]);
+            } else {
+              a[slot][mt][q] = mul2<T>(word_of(last[j][mt], w), word_of(mid[j][mt][hf], w));
+            }
           }
         wgmma_fence();
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) wgmma_rs<T, N, true>(acc[mt], a[ks][mt], step_desc + ks * kSliceDesc);
+        for (int mt = 0; mt < 2; ++mt) {
+          wgmma_rs<T, N, true>(acc[mt], a[slot][mt], step_desc + ks * kSliceDesc);
+          if constexpr (kSplit) wgmma_rs<T, N, true>(acc[mt], a_lo[slot][mt], step_desc + ks * kSliceDesc);
+        }
         wgmma_commit();
       }
       // The previous step's products are complete (the last wait above): its buffer is free.
