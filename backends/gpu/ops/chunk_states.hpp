@@ -12,6 +12,11 @@ namespace expanse_gpu {
 using update_state_launcher = void (*)(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
                                        const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
                                        const expanse_tensor* z, launch_context& lc);
+// The SIMT update_state kernel as such a launcher (gpu/ops/update_state.cu): f32 sums of f32 products,
+// the states the SIMT backward sweeps with on every GPU backend.
+void launch_simple_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
+                                const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
+                                launch_context& lc);
 
 struct chunk_states_args {
   const expanse_tensor* k;

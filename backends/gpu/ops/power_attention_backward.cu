@@ -157,7 +157,10 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
   shared.g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   const int64_t tokens = pb.b * pb.t, states = pb.b * pb.n * pb.h * pb.D;
   const backward_work w = take_backward_work(pb, pb.normalize != 0, true, lc.ws);
-  const forward_sweep fw = recompute_forward_states(op, plan, shared, lc);
+  // The sweep's states from the SIMT kernel, not the list: a tensor-core update_state's b16 products
+  // are magnified where the state terms cancel (dq 0.25 off on a case of the table, docs/performance.md
+  // accuracy lesson 4).
+  const forward_sweep fw = recompute_forward_states(op, plan, shared, lc, launch_simple_update_state);
   backward_states st{};
   take_cotangent_states(op, plan, lc.ws, st);
   float* boundary = take_boundary_sums(op, plan, lc.ws);

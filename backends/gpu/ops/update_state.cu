@@ -1,6 +1,7 @@
 // update_state's SIMT implementation (gpu/kernels/update_state_simple.hpp): any shape and dtype.
 #include "gpu/kernels/backward_simple.hpp"
 #include "gpu/kernels/update_state_simple.hpp"
+#include "gpu/ops/chunk_states.hpp"
 #include "gpu/ops/common.hpp"
 #include "gpu/ops/implementations.hpp"
 
@@ -8,20 +9,27 @@ namespace expanse_gpu {
 
 std::string update_state_simple_declines(const expanse_op& op, const device_props&) { return common_declines(op); }
 
+void launch_simple_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
+                                const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
+                                launch_context& lc) {
+  const int64_t work = pb.b * pb.n * pb.h * pb.D * (pb.e + 1);
+  if (work == 0) return;
+  const expanse_tensor zt = z ? *z : expanse_tensor{};  // data null: no z
+  with_input_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    simple_update_state_kernel<T><<<grid_for(work, 256), 256, 0, lc.stream>>>(k, v, g.keys(), phi.rows, pb, S, zt);
+  });
+  check_launch("simple update_state");
+}
+
 void update_state_simple_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_update_state_args>(op);
-  const phi_entry* table = make_phi_table(pb, lc);
+  phi_tables phi;
+  phi.rows = make_phi_table(pb, lc);
   const gates g = make_gates(a.log_g, pb.b, pb.t, pb.h, pb.c, lc);
   if (lc.ws.sizing()) return;
-  const int64_t work = pb.b * pb.n * pb.h * pb.D * (pb.e + 1);
-  if (work == 0) return;
-  const expanse_tensor z = a.z ? *a.z : expanse_tensor{};  // data null: no z
-  with_input_type(pb.input_dtype, [&](auto tag) {
-    using T = decltype(tag);
-    simple_update_state_kernel<T><<<grid_for(work, 256), 256, 0, lc.stream>>>(*a.k, *a.v, g.keys(), table, pb, *a.S, z);
-  });
-  check_launch("simple update_state");
+  launch_simple_update_state(*a.k, *a.v, g, phi, pb, *a.S, a.z, lc);
 }
 
 // update_state_backward: each key's gradients from its chunk's dS, dz (the state term of
