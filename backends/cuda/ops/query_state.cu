@@ -133,8 +133,11 @@ static int64_t query_grid(mma_query_state_params& P, const expanse_problem& pb, 
   return int64_t(P.tok_tiles) * pb.n * pb.hq * pb.b;
 }
 
-void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
-                            bool normalize, launch_context& lc) {
+// kSplit: both operands split into b16 hi + lo (three products each), for the tensor-core
+// power_attention_backward's dv state term where the blocked kernel does not run (e = 64 only).
+template <bool kSplit>
+static void launch_mma_query_state_form(const query_inputs& in, const gates& g, const phi_tables& phi,
+                                        const expanse_problem& pb, bool normalize, launch_context& lc) {
   using namespace mma_query_state_cfg;
   mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
   const int64_t ctas = query_grid(P, pb, kTokens);
@@ -143,30 +146,24 @@ void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_ta
   with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int E = decltype(e_tag)::value;
-    launch_with_smem(mma_query_state_kernel<T, E>, ctas, kThreads, mma_query_state_smem<T, E>(P.d), lc.stream, P);
-  });
-  check_launch("mma query_state");
-}
-
-// The sm_80 kernel with both operands split into b16 hi + lo (three products each): the tensor-core
-// power_attention_backward's dv state term where the blocked kernel does not run. Takes what
-// mma_query_state_declines accepts.
-void launch_split_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
-                              bool normalize, launch_context& lc) {
-  using namespace mma_query_state_cfg;
-  mma_query_state_params P = query_state_params(in, g, phi, pb, normalize);
-  const int64_t ctas = query_grid(P, pb, kTokens);
-  if (ctas == 0) return;
-  with_b16_head_dims(pb.input_dtype, 32, pb.e, [&](auto type_tag, auto, auto e_tag) {
-    using T = decltype(type_tag);
-    constexpr int E = decltype(e_tag)::value;
-    if constexpr (E == 64)  // the tensor-core backward's e only
-      launch_with_smem(mma_query_state_kernel<T, E, true>, ctas, kThreads, mma_query_state_smem<T, E, true>(P.d),
+    if constexpr (!kSplit || E == 64)
+      launch_with_smem(mma_query_state_kernel<T, E, kSplit>, ctas, kThreads, mma_query_state_smem<T, E, kSplit>(P.d),
                        lc.stream, P);
     else
       throw std::logic_error("the split sm_80 query_state is built for e = 64");
   });
-  check_launch("mma query_state (split operands)");
+  check_launch(kSplit ? "mma query_state (split operands)" : "mma query_state");
+}
+
+void launch_mma_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
+                            bool normalize, launch_context& lc) {
+  launch_mma_query_state_form<false>(in, g, phi, pb, normalize, lc);
+}
+
+// The split form, which takes what mma_query_state_declines accepts (with e = 64).
+void launch_split_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
+                              bool normalize, launch_context& lc) {
+  launch_mma_query_state_form<true>(in, g, phi, pb, normalize, lc);
 }
 
 std::string wgmma_query_state_declines(const expanse_problem& pb, const query_inputs& in, const device_props& props) {
