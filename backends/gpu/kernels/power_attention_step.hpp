@@ -10,16 +10,32 @@
 //   forming phi of every row itself; a second kernel sums the partials.
 #pragma once
 
+#include <type_traits>
+
 #include "gpu/kernels/common.hpp"
 
 namespace expanse_gpu {
 
 constexpr int kStepRowsPerThread = 32, kStepThreads = 128;
 
+// The type of the sums of phi(q) . S, of phi and of the updated entries they take: f64 for f32 inputs
+// (the terms have both signs and cancel: an f32 sum at p = 4 came out 5e-5 off against the 1e-5
+// tolerance), f32 for b16 inputs, whose own rounding is larger.
+template <class T>
+using step_sum_t = std::conditional_t<std::is_same_v<T, float>, double, float>;
+
+// phi_r(x) in the sum type: f64 with the coefficient exact (phi_value_f64), or f32.
+template <class S, class X>
+__device__ __forceinline__ S step_phi(const phi_entry& row, int p, X x) {
+  if constexpr (std::is_same_v<S, double>) return phi_value_f64(row, p, x);
+  else return phi_value(row, p, x);
+}
+
 template <class T>
 __global__ void step_update_kernel(expanse_tensor q, expanse_tensor k, expanse_tensor v, expanse_tensor log_g,
                                    expanse_tensor S, expanse_tensor z, const phi_entry* table, expanse_problem pb,
-                                   float scale, float* partial, int64_t row_blocks, int64_t col_groups) {
+                                   float scale, step_sum_t<T>* partial, int64_t row_blocks, int64_t col_groups) {
+  using sum_t = step_sum_t<T>;
   const int64_t cols = pb.e + 1;  // column e is z
   int64_t blk = blockIdx.x;
   const int64_t cg = blk % col_groups;
@@ -29,49 +45,50 @@ __global__ void step_update_kernel(expanse_tensor q, expanse_tensor k, expanse_t
   const int64_t head = blk % pb.h, batch = blk / pb.h;
   const int64_t col = cg * kStepThreads + threadIdx.x;
   if (col >= cols || (col == pb.e && z.data == nullptr)) return;
-  const float gate = log_g.data ? expf(loadf(log_g, off3(log_g, batch, 0, head))) : 1.f;
-  const float val = col < pb.e ? load<T>(v, off4(v, batch, 0, head, col)) : 1.f;
+  const sum_t gate = log_g.data ? exp(sum_t(loadf(log_g, off3(log_g, batch, 0, head)))) : sum_t(1);
+  const sum_t val = col < pb.e ? load<T>(v, off4(v, batch, 0, head, col)) : 1.f;
   const int64_t r0 = rb * kStepRowsPerThread;
   const int rows = static_cast<int>(min(int64_t(kStepRowsPerThread), pb.D - r0));
   const int64_t koff = off4(k, batch, 0, head, 0);
-  float s[kStepRowsPerThread];
+  sum_t s[kStepRowsPerThread];
 #pragma unroll
   for (int j = 0; j < kStepRowsPerThread; ++j) {
     if (j >= rows) break;
     const int64_t r = r0 + j;
-    const float ph = phi_value(table[r], pb.p, [&](int i) { return load<T>(k, koff + i * k.strides[3]); });
+    const sum_t ph = step_phi<sum_t>(table[r], pb.p, [&](int i) { return sum_t(load<T>(k, koff + i * k.strides[3])); });
     float* p = col < pb.e ? ptrf(S, off4(S, batch, head, r, col)) : ptrf(z, off3(z, batch, head, r));
     s[j] = gate * *p + ph * val;
-    *p = s[j];
+    *p = float(s[j]);
   }
   const int64_t group = pb.hq / pb.h;
   for (int64_t gi = 0; gi < group; ++gi) {
     const int64_t qh = head * group + gi;
     const int64_t qoff = off4(q, batch, 0, qh, 0);
-    float acc = 0.f;
+    sum_t acc = 0;
 #pragma unroll
     for (int j = 0; j < kStepRowsPerThread; ++j) {
       if (j >= rows) break;
-      acc += phi_value(table[r0 + j], pb.p, [&](int i) { return scale * load<T>(q, qoff + i * q.strides[3]); }) * s[j];
+      acc += step_phi<sum_t>(table[r0 + j], pb.p, [&](int i) { return sum_t(scale) * sum_t(load<T>(q, qoff + i * q.strides[3])); }) * s[j];
     }
     partial[((batch * pb.hq + qh) * row_blocks + rb) * cols + col] = acc;
   }
 }
 
 template <class T>
-__global__ void step_output_kernel(const float* partial, expanse_tensor o, expanse_problem pb, int64_t row_blocks,
+__global__ void step_output_kernel(const step_sum_t<T>* partial, expanse_tensor o, expanse_problem pb, int64_t row_blocks,
                                    int normalize) {
+  using sum_t = step_sum_t<T>;
   const int64_t cols = pb.e + 1;
   EXPANSE_GRID_LOOP(i, pb.b * pb.hq * pb.e) {
     const int64_t col = i % pb.e, bq = i / pb.e, qh = bq % pb.hq, batch = bq / pb.hq;
-    const float* part = partial + bq * row_blocks * cols;
-    float num = 0.f, den = 0.f;
+    const sum_t* part = partial + bq * row_blocks * cols;
+    sum_t num = 0, den = 0;
     for (int64_t rb = 0; rb < row_blocks; ++rb) {
       num += part[rb * cols + col];
       if (normalize) den += part[rb * cols + pb.e];
     }
-    const float out = normalize ? (den != 0.f ? num / den : 0.f) : num;
-    static_cast<T*>(o.data)[off4(o, batch, 0, qh, col)] = from_f32<T>(out);
+    const sum_t out = normalize ? (den != 0 ? num / den : sum_t(0)) : num;
+    static_cast<T*>(o.data)[off4(o, batch, 0, qh, col)] = from_f32<T>(float(out));
   }
 }
 
@@ -84,34 +101,36 @@ constexpr int kStreamThreads = 256, kStreamRows = 128, kStreamBatch = 4, kStream
 template <class T, int G>
 __global__ void __launch_bounds__(kStreamThreads, G == 1 ? 4 : G == 2 ? 3 : 2)
     step_stream_kernel(expanse_tensor q, expanse_tensor k, expanse_tensor v, expanse_tensor log_g, expanse_tensor S,
-                       expanse_tensor z, const phi_entry* table, expanse_problem pb, float scale, float* partial,
-                       int64_t row_blocks, int quads, int vec) {
-  __shared__ float phik[kStreamRows], phiq[G][kStreamRows];
-  __shared__ float red[kStreamThreads * 4];
+                       expanse_tensor z, const phi_entry* table, expanse_problem pb, float scale,
+                       step_sum_t<T>* partial, int64_t row_blocks, int quads, int vec) {
+  using sum_t = step_sum_t<T>;
+  __shared__ sum_t phik[kStreamRows], phiq[G][kStreamRows];
+  __shared__ sum_t red[kStreamThreads * 4];
   const int tid = threadIdx.x;
   const int64_t rb = blockIdx.x % row_blocks, bh = blockIdx.x / row_blocks, head = bh % pb.h, batch = bh / pb.h;
   const int64_t r0 = rb * kStreamRows, group = pb.hq / pb.h;
   const int rows = static_cast<int>(min(int64_t(kStreamRows), pb.D - r0));
-  const float gate = log_g.data ? expf(loadf(log_g, off3(log_g, batch, 0, head))) : 1.f;
+  const sum_t gate = log_g.data ? exp(sum_t(loadf(log_g, off3(log_g, batch, 0, head)))) : sum_t(1);
   for (int item = tid; item < rows * (1 + group); item += kStreamThreads) {
     const int j = item % rows, which = item / rows;  // 0: the key, 1 + g: query head g of the group
     const phi_entry& row = table[r0 + j];
     if (which == 0) {
-      phik[j] = phi_value(row, pb.p, [&](int i) { return load<T>(k, off4(k, batch, 0, head, i)); });
+      phik[j] = step_phi<sum_t>(row, pb.p, [&](int i) { return sum_t(load<T>(k, off4(k, batch, 0, head, i))); });
     } else {
       const int64_t qh = head * group + which - 1;
-      phiq[which - 1][j] = phi_value(row, pb.p, [&](int i) { return scale * load<T>(q, off4(q, batch, 0, qh, i)); });
+      phiq[which - 1][j] =
+          step_phi<sum_t>(row, pb.p, [&](int i) { return sum_t(scale) * sum_t(load<T>(q, off4(q, batch, 0, qh, i))); });
     }
   }
   __syncthreads();
   const int c4 = tid % quads, lane_rows = kStreamThreads / quads, rsub = tid / quads;
   const int64_t col = 4 * int64_t(c4);
-  float vv[4];
+  sum_t vv[4];
   for (int x = 0; x < 4; ++x) vv[x] = col + x < pb.e ? load<T>(v, off4(v, batch, 0, head, col + x)) : 0.f;
-  float acc[G][4], den[G];
+  sum_t acc[G][4], den[G];
   for (int g = 0; g < G; ++g) {
-    den[g] = 0.f;
-    for (int x = 0; x < 4; ++x) acc[g][x] = 0.f;
+    den[g] = 0;
+    for (int x = 0; x < 4; ++x) acc[g][x] = 0;
   }
   // kStreamBatch rows per thread at a time: their loads all in flight before the first store (the
   // compiler keeps a load after a store it cannot prove apart).
@@ -140,15 +159,16 @@ __global__ void __launch_bounds__(kStreamThreads, G == 1 ? 4 : G == 2 ? 3 : 2)
       const int j = j0 + u * lane_rows;
       const int64_t r = r0 + j;
       if (j >= rows) continue;
-      const float pk = phik[j];
+      const sum_t pk = phik[j];
       if (col < pb.e) {
-        float s[4];
+        sum_t s[4];
         for (int x = 0; x < 4; ++x) s[x] = gate * old[u][x] + pk * vv[x];
         if (vec) {
-          *reinterpret_cast<float4*>(ptrf(S, off4(S, batch, head, r, col))) = make_float4(s[0], s[1], s[2], s[3]);
+          *reinterpret_cast<float4*>(ptrf(S, off4(S, batch, head, r, col))) =
+              make_float4(float(s[0]), float(s[1]), float(s[2]), float(s[3]));
         } else {
           for (int x = 0; x < 4; ++x)
-            if (col + x < pb.e) *ptrf(S, off4(S, batch, head, r, col + x)) = s[x];
+            if (col + x < pb.e) *ptrf(S, off4(S, batch, head, r, col + x)) = float(s[x]);
         }
 #pragma unroll
         for (int g = 0; g < G; ++g)
@@ -156,8 +176,8 @@ __global__ void __launch_bounds__(kStreamThreads, G == 1 ? 4 : G == 2 ? 3 : 2)
             for (int x = 0; x < 4; ++x) acc[g][x] += phiq[g][j] * s[x];
       }
       if (c4 == 0 && z.data) {
-        const float zn = gate * zold[u] + pk;
-        *ptrf(z, off3(z, batch, head, r)) = zn;
+        const sum_t zn = gate * zold[u] + pk;
+        *ptrf(z, off3(z, batch, head, r)) = float(zn);
 #pragma unroll
         for (int g = 0; g < G; ++g)
           if (g < group) den[g] += phiq[g][j] * zn;
@@ -172,11 +192,11 @@ __global__ void __launch_bounds__(kStreamThreads, G == 1 ? 4 : G == 2 ? 3 : 2)
     __syncthreads();  // red is free
     for (int x = 0; x < 4; ++x) red[(rsub * quads + c4) * 4 + x] = acc[g][x];
     __syncthreads();
-    float* out = partial + ((batch * pb.hq + head * group + g) * row_blocks + rb) * (pb.e + 1);
+    sum_t* out = partial + ((batch * pb.hq + head * group + g) * row_blocks + rb) * (pb.e + 1);
     for (int item = tid; item < quads * 4; item += kStreamThreads) {
       const int64_t c = item;  // = 4 c4 + x
       if (c >= pb.e) continue;
-      float t = 0.f;
+      sum_t t = 0;
       for (int l = 0; l < lane_rows; ++l) t += red[l * quads * 4 + item];
       out[c] = t;
     }
@@ -184,7 +204,7 @@ __global__ void __launch_bounds__(kStreamThreads, G == 1 ? 4 : G == 2 ? 3 : 2)
     if (c4 == 0) red[rsub] = den[g];
     __syncthreads();
     if (tid == 0 && z.data) {
-      float t = 0.f;
+      sum_t t = 0;
       for (int l = 0; l < lane_rows; ++l) t += red[l];
       out[pb.e] = t;
     }

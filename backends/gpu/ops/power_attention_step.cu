@@ -24,12 +24,18 @@ std::string power_attention_step_streamed_declines(const expanse_op& op, const d
   return why;
 }
 
+// The per-row-block partial sums both forms write for step_output_kernel: step_sum_t of the input type.
+static void* take_step_partials(const expanse_problem& pb, int64_t row_blocks, workspace& ws) {
+  const size_t bytes = pb.input_dtype == EXPANSE_F32 ? sizeof(double) : sizeof(float);
+  return ws.take<unsigned char>(size_t(pb.b * pb.hq * row_blocks * (pb.e + 1)) * bytes);
+}
+
 void power_attention_step_streamed_run(const expanse_op& op, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_step_args>(op);
   const phi_entry* table = make_phi_table(pb, lc);
   const int64_t row_blocks = (pb.D + kStreamRows - 1) / kStreamRows;
-  float* partial = lc.ws.take<float>(size_t(pb.b * pb.hq * row_blocks * (pb.e + 1)));
+  void* partial = take_step_partials(pb, row_blocks, lc.ws);
   if (lc.ws.sizing()) return;
   const int64_t blocks = pb.b * pb.h * row_blocks;
   if (blocks == 0) return;
@@ -45,14 +51,14 @@ void power_attention_step_streamed_run(const expanse_op& op, launch_context& lc)
     auto launch = [&](auto kernel) {
       kernel<<<static_cast<unsigned>(blocks), kStreamThreads, 0, lc.stream>>>(
           *a.q, *a.k, *a.v, a.log_g ? *a.log_g : none, S, a.z ? *a.z : none, table, pb, static_cast<float>(pb.scale),
-          partial, row_blocks, quads, vec);
+          static_cast<step_sum_t<T>*>(partial), row_blocks, quads, vec);
     };
     if (group == 1) launch(step_stream_kernel<T, 1>);
     else if (group == 2) launch(step_stream_kernel<T, 2>);
     else if (group <= 4) launch(step_stream_kernel<T, 4>);
     else launch(step_stream_kernel<T, kStreamMaxGroup>);
     check_launch("power_attention_step streamed");
-    step_output_kernel<T><<<grid_for(pb.b * pb.hq * pb.e, 256), 256, 0, lc.stream>>>(partial, *a.o, pb, row_blocks,
+    step_output_kernel<T><<<grid_for(pb.b * pb.hq * pb.e, 256), 256, 0, lc.stream>>>(static_cast<step_sum_t<T>*>(partial), *a.o, pb, row_blocks,
                                                                                      pb.normalize);
     check_launch("power_attention_step output");
   });
@@ -64,7 +70,7 @@ void power_attention_step_fused_run(const expanse_op& op, launch_context& lc) {
   const phi_entry* table = make_phi_table(pb, lc);
   const int64_t row_blocks = (pb.D + kStepRowsPerThread - 1) / kStepRowsPerThread;
   const int64_t col_groups = (pb.e + 1 + kStepThreads - 1) / kStepThreads;
-  float* partial = lc.ws.take<float>(size_t(pb.b * pb.hq * row_blocks * (pb.e + 1)));
+  void* partial = take_step_partials(pb, row_blocks, lc.ws);
   if (lc.ws.sizing()) return;
   expanse_tensor none{};
   const expanse_tensor z = pb.normalize && a.z ? *a.z : (a.z ? *a.z : none);
@@ -73,10 +79,10 @@ void power_attention_step_fused_run(const expanse_op& op, launch_context& lc) {
   with_input_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
     step_update_kernel<T><<<static_cast<unsigned>(blocks), kStepThreads, 0, lc.stream>>>(
-        *a.q, *a.k, *a.v, a.log_g ? *a.log_g : none, *a.S, z, table, pb, static_cast<float>(pb.scale), partial,
-        row_blocks, col_groups);
+        *a.q, *a.k, *a.v, a.log_g ? *a.log_g : none, *a.S, z, table, pb, static_cast<float>(pb.scale),
+        static_cast<step_sum_t<T>*>(partial), row_blocks, col_groups);
     check_launch("power_attention_step update");
-    step_output_kernel<T><<<grid_for(pb.b * pb.hq * pb.e, 256), 256, 0, lc.stream>>>(partial, *a.o, pb, row_blocks,
+    step_output_kernel<T><<<grid_for(pb.b * pb.hq * pb.e, 256), 256, 0, lc.stream>>>(static_cast<step_sum_t<T>*>(partial), *a.o, pb, row_blocks,
                                                                                      pb.normalize);
     check_launch("power_attention_step output");
   });
