@@ -1,6 +1,6 @@
 // power_attention_step: one decoding token. S <- g S + phi(k) v^T and z <- g z + phi(k) in place,
 // then o = phi(scale q)^T S [/ phi(scale q)^T z] for every query head of the group. Two forms:
-// - streamed (step_stream_kernel): a block per kStreamRows rows of one head's state; phi(k) and
+// - streamed (step_stream_kernel): a block per kStreamRows (or fewer) rows of one head's state; phi(k) and
 //   phi(q) of those rows are formed once into shared memory, then every thread streams 4 columns of
 //   its rows (16-byte loads and stores where the layout allows), so that each state entry is read
 //   and written once at memory speed; each block writes its sums as one row block's partials, which
@@ -74,22 +74,42 @@ __global__ void step_update_kernel(expanse_tensor q, expanse_tensor k, expanse_t
   }
 }
 
+constexpr int kStepOutputThreads = 256;
+
+// o from the row blocks' partials [b,hq][row_blocks][e + 1] (column e: the denominator, written only
+// where normalized): a lane group per output column adds the row blocks of its column and of the
+// denominator (lanes over the blocks, then a shuffle tree: a fixed order, so deterministic); blocks of
+// kStepOutputThreads / kLaneGroup columns of one (batch, query head), blockIdx.x = bq * column_blocks +
+// column block. (A thread per output adding the blocks in turn took 20 us at b = 1, twice the state's
+// pass; a block per (batch, query head), 15 us.)
 template <class T>
-__global__ void step_output_kernel(const step_sum_t<T>* partial, expanse_tensor o, expanse_problem pb, int64_t row_blocks,
-                                   int normalize) {
+__global__ void __launch_bounds__(kStepOutputThreads)
+    step_output_kernel(const step_sum_t<T>* partial, expanse_tensor o, expanse_problem pb, int64_t row_blocks,
+                       int normalize) {
   using sum_t = step_sum_t<T>;
-  const int64_t cols = pb.e + 1;
-  EXPANSE_GRID_LOOP(i, pb.b * pb.hq * pb.e) {
-    const int64_t col = i % pb.e, bq = i / pb.e, qh = bq % pb.hq, batch = bq / pb.hq;
-    const sum_t* part = partial + bq * row_blocks * cols;
-    sum_t num = 0, den = 0;
-    for (int64_t rb = 0; rb < row_blocks; ++rb) {
-      num += part[rb * cols + col];
-      if (normalize) den += part[rb * cols + pb.e];
-    }
-    const sum_t out = normalize ? (den != 0 ? num / den : sum_t(0)) : num;
-    static_cast<T*>(o.data)[off4(o, batch, 0, qh, col)] = from_f32<T>(float(out));
-  }
+  constexpr int kColumns = kStepOutputThreads / kLaneGroup;
+  const int64_t column_blocks = (pb.e + kColumns - 1) / kColumns;
+  const int64_t cols = pb.e + 1, bq = blockIdx.x / column_blocks, qh = bq % pb.hq, batch = bq / pb.hq;
+  const int64_t col = (blockIdx.x % column_blocks) * kColumns + threadIdx.x / kLaneGroup;
+  const int lane = threadIdx.x % kLaneGroup;
+  if (col >= pb.e) return;  // whole lane groups leave together
+  const sum_t* part = partial + bq * row_blocks * cols;
+  auto column_sum = [&](int64_t c) {
+    sum_t t = 0;
+    for (int64_t rb = lane; rb < row_blocks; rb += kLaneGroup) t += part[rb * cols + c];
+    for (int off = kLaneGroup / 2; off > 0; off >>= 1) t += shfl_xor_group(t, off);
+    return t;
+  };
+  const sum_t num = column_sum(col), den = normalize ? column_sum(pb.e) : sum_t(1);
+  const sum_t out = normalize ? (den != 0 ? num / den : sum_t(0)) : num;
+  if (lane == 0) static_cast<T*>(o.data)[off4(o, batch, 0, qh, col)] = from_f32<T>(float(out));
+}
+
+// The grid of step_output_kernel.
+inline unsigned step_output_blocks(const expanse_problem& pb) {
+  constexpr int kColumns = kStepOutputThreads / kLaneGroup;
+  const int64_t blocks = pb.b * pb.hq * ((pb.e + kColumns - 1) / kColumns);
+  return static_cast<unsigned>(blocks > 0 ? blocks : 1);  // (an empty block returns at once)
 }
 
 constexpr int kStreamThreads = 256, kStreamRows = 128, kStreamBatch = 4, kStreamMaxGroup = 8;
@@ -102,14 +122,14 @@ template <class T, int G>
 __global__ void __launch_bounds__(kStreamThreads, G == 1 ? 4 : G == 2 ? 3 : 2)
     step_stream_kernel(expanse_tensor q, expanse_tensor k, expanse_tensor v, expanse_tensor log_g, expanse_tensor S,
                        expanse_tensor z, const phi_entry* table, expanse_problem pb, float scale,
-                       step_sum_t<T>* partial, int64_t row_blocks, int quads, int vec) {
+                       step_sum_t<T>* partial, int64_t row_blocks, int block_rows, int quads, int vec) {
   using sum_t = step_sum_t<T>;
   __shared__ sum_t phik[kStreamRows], phiq[G][kStreamRows];
   __shared__ sum_t red[kStreamThreads * 4];
   const int tid = threadIdx.x;
   const int64_t rb = blockIdx.x % row_blocks, bh = blockIdx.x / row_blocks, head = bh % pb.h, batch = bh / pb.h;
-  const int64_t r0 = rb * kStreamRows, group = pb.hq / pb.h;
-  const int rows = static_cast<int>(min(int64_t(kStreamRows), pb.D - r0));
+  const int64_t r0 = rb * block_rows, group = pb.hq / pb.h;
+  const int rows = static_cast<int>(min(int64_t(block_rows), pb.D - r0));
   const sum_t gate = log_g.data ? exp(sum_t(loadf(log_g, off3(log_g, batch, 0, head)))) : sum_t(1);
   for (int item = tid; item < rows * (1 + group); item += kStreamThreads) {
     const int j = item % rows, which = item / rows;  // 0: the key, 1 + g: query head g of the group

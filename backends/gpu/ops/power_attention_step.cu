@@ -1,5 +1,6 @@
 // power_attention_step's implementations, best first: "streamed" and "fused" (the first form),
 // both the state update and the query in one pass over the state (gpu/kernels/power_attention_step.hpp).
+#include <algorithm>
 #include <cstdint>
 
 #include "gpu/kernels/power_attention_step.hpp"
@@ -34,7 +35,12 @@ void power_attention_step_streamed_run(const expanse_op& op, launch_context& lc)
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_step_args>(op);
   const phi_entry* table = make_phi_table(pb, lc);
-  const int64_t row_blocks = (pb.D + kStreamRows - 1) / kStreamRows;
+  // Rows per block: kStreamRows, or fewer where that would leave SMs with less than four blocks (at b = 1
+  // the P1 state is 8 heads x 17 blocks of 128 rows, about one block per SM of an H100).
+  int block_rows = kStreamRows;
+  auto blocks_of = [&](int rows) { return pb.b * pb.h * ((pb.D + rows - 1) / rows); };
+  while (block_rows > 32 && blocks_of(block_rows) < 4 * int64_t(std::max(lc.props.multiprocessors, 1))) block_rows /= 2;
+  const int64_t row_blocks = (pb.D + block_rows - 1) / block_rows;
   void* partial = take_step_partials(pb, row_blocks, lc.ws);
   if (lc.ws.sizing()) return;
   const int64_t blocks = pb.b * pb.h * row_blocks;
@@ -51,15 +57,15 @@ void power_attention_step_streamed_run(const expanse_op& op, launch_context& lc)
     auto launch = [&](auto kernel) {
       kernel<<<static_cast<unsigned>(blocks), kStreamThreads, 0, lc.stream>>>(
           *a.q, *a.k, *a.v, a.log_g ? *a.log_g : none, S, a.z ? *a.z : none, table, pb, static_cast<float>(pb.scale),
-          static_cast<step_sum_t<T>*>(partial), row_blocks, quads, vec);
+          static_cast<step_sum_t<T>*>(partial), row_blocks, block_rows, quads, vec);
     };
     if (group == 1) launch(step_stream_kernel<T, 1>);
     else if (group == 2) launch(step_stream_kernel<T, 2>);
     else if (group <= 4) launch(step_stream_kernel<T, 4>);
     else launch(step_stream_kernel<T, kStreamMaxGroup>);
     check_launch("power_attention_step streamed");
-    step_output_kernel<T><<<grid_for(pb.b * pb.hq * pb.e, 256), 256, 0, lc.stream>>>(static_cast<step_sum_t<T>*>(partial), *a.o, pb, row_blocks,
-                                                                                     pb.normalize);
+    step_output_kernel<T><<<step_output_blocks(pb), kStepOutputThreads, 0, lc.stream>>>(
+        static_cast<step_sum_t<T>*>(partial), *a.o, pb, row_blocks, pb.normalize);
     check_launch("power_attention_step output");
   });
 }
@@ -82,8 +88,8 @@ void power_attention_step_fused_run(const expanse_op& op, launch_context& lc) {
         *a.q, *a.k, *a.v, a.log_g ? *a.log_g : none, *a.S, z, table, pb, static_cast<float>(pb.scale),
         static_cast<step_sum_t<T>*>(partial), row_blocks, col_groups);
     check_launch("power_attention_step update");
-    step_output_kernel<T><<<grid_for(pb.b * pb.hq * pb.e, 256), 256, 0, lc.stream>>>(static_cast<step_sum_t<T>*>(partial), *a.o, pb, row_blocks,
-                                                                                     pb.normalize);
+    step_output_kernel<T><<<step_output_blocks(pb), kStepOutputThreads, 0, lc.stream>>>(
+        static_cast<step_sum_t<T>*>(partial), *a.o, pb, row_blocks, pb.normalize);
     check_launch("power_attention_step output");
   });
 }
