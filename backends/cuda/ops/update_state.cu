@@ -128,7 +128,6 @@ void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v,
   launch_mma_update_state_form<true>(k, v, g, phi, pb, S, z, lc);
 }
 
-
 std::string wgmma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
                                         const expanse_tensor& S, const expanse_tensor* z, const device_props& props) {
   return mma_update_state_declines(pb, k, v, S, z, props);

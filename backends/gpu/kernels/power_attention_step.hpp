@@ -10,26 +10,16 @@
 //   forming phi of every row itself; a second kernel sums the partials.
 #pragma once
 
-#include <type_traits>
-
 #include "gpu/kernels/common.hpp"
 
 namespace expanse_gpu {
 
 constexpr int kStepRowsPerThread = 32, kStepThreads = 128;
 
-// The type of the sums of phi(q) . S, of phi and of the updated entries they take: f64 for f32 inputs
-// (the terms have both signs and cancel: an f32 sum at p = 4 came out 5e-5 off against the 1e-5
-// tolerance), f32 for b16 inputs, whose own rounding is larger.
+// The sums of phi(q) . S, phi and the updated entries they take, in cancelling_sum_t (f64 for f32
+// inputs: an f32 step at p = 4 came out 5e-5 off).
 template <class T>
-using step_sum_t = std::conditional_t<std::is_same_v<T, float>, double, float>;
-
-// phi_r(x) in the sum type: f64 with the coefficient exact (phi_value_f64), or f32.
-template <class S, class X>
-__device__ __forceinline__ S step_phi(const phi_entry& row, int p, X x) {
-  if constexpr (std::is_same_v<S, double>) return phi_value_f64(row, p, x);
-  else return phi_value(row, p, x);
-}
+using step_sum_t = cancelling_sum_t<T>;
 
 template <class T>
 __global__ void step_update_kernel(expanse_tensor q, expanse_tensor k, expanse_tensor v, expanse_tensor log_g,
@@ -55,7 +45,7 @@ __global__ void step_update_kernel(expanse_tensor q, expanse_tensor k, expanse_t
   for (int j = 0; j < kStepRowsPerThread; ++j) {
     if (j >= rows) break;
     const int64_t r = r0 + j;
-    const sum_t ph = step_phi<sum_t>(table[r], pb.p, [&](int i) { return sum_t(load<T>(k, koff + i * k.strides[3])); });
+    const sum_t ph = phi_value_as<sum_t>(table[r], pb.p, [&](int i) { return sum_t(load<T>(k, koff + i * k.strides[3])); });
     float* p = col < pb.e ? ptrf(S, off4(S, batch, head, r, col)) : ptrf(z, off3(z, batch, head, r));
     s[j] = gate * *p + ph * val;
     *p = float(s[j]);
@@ -68,29 +58,32 @@ __global__ void step_update_kernel(expanse_tensor q, expanse_tensor k, expanse_t
 #pragma unroll
     for (int j = 0; j < kStepRowsPerThread; ++j) {
       if (j >= rows) break;
-      acc += step_phi<sum_t>(table[r0 + j], pb.p, [&](int i) { return sum_t(scale) * sum_t(load<T>(q, qoff + i * q.strides[3])); }) * s[j];
+      acc += phi_value_as<sum_t>(table[r0 + j], pb.p, [&](int i) { return sum_t(scale) * sum_t(load<T>(q, qoff + i * q.strides[3])); }) * s[j];
     }
     partial[((batch * pb.hq + qh) * row_blocks + rb) * cols + col] = acc;
   }
 }
 
-constexpr int kStepOutputThreads = 256;
+constexpr int kStepOutputThreads = 256, kStepOutputColumns = kStepOutputThreads / kLaneGroup;
+
+// step_output_kernel's blocks per query row: kStepOutputColumns columns each.
+__host__ __device__ inline int64_t step_output_column_blocks(const expanse_problem& pb) {
+  return (pb.e + kStepOutputColumns - 1) / kStepOutputColumns;
+}
 
 // o from the row blocks' partials [b,hq][row_blocks][e + 1] (column e: the denominator, written only
 // where normalized): a lane group per output column adds the row blocks of its column and of the
 // denominator (lanes over the blocks, then a shuffle tree: a fixed order, so deterministic); blocks of
-// kStepOutputThreads / kLaneGroup columns of one (batch, query head), blockIdx.x = bq * column_blocks +
-// column block. (A thread per output adding the blocks in turn took 20 us at b = 1, twice the state's
+// kStepOutputColumns columns of one (batch, query head), blockIdx.x = bq * column_blocks + column block. (A thread per output adding the blocks in turn took 20 us at b = 1, twice the state's
 // pass; a block per (batch, query head), 15 us.)
 template <class T>
 __global__ void __launch_bounds__(kStepOutputThreads)
     step_output_kernel(const step_sum_t<T>* partial, expanse_tensor o, expanse_problem pb, int64_t row_blocks,
                        int normalize) {
   using sum_t = step_sum_t<T>;
-  constexpr int kColumns = kStepOutputThreads / kLaneGroup;
-  const int64_t column_blocks = (pb.e + kColumns - 1) / kColumns;
+  const int64_t column_blocks = step_output_column_blocks(pb);
   const int64_t cols = pb.e + 1, bq = blockIdx.x / column_blocks, qh = bq % pb.hq, batch = bq / pb.hq;
-  const int64_t col = (blockIdx.x % column_blocks) * kColumns + threadIdx.x / kLaneGroup;
+  const int64_t col = (blockIdx.x % column_blocks) * kStepOutputColumns + threadIdx.x / kLaneGroup;
   const int lane = threadIdx.x % kLaneGroup;
   if (col >= pb.e) return;  // whole lane groups leave together
   const sum_t* part = partial + bq * row_blocks * cols;
@@ -107,8 +100,7 @@ __global__ void __launch_bounds__(kStepOutputThreads)
 
 // The grid of step_output_kernel.
 inline unsigned step_output_blocks(const expanse_problem& pb) {
-  constexpr int kColumns = kStepOutputThreads / kLaneGroup;
-  const int64_t blocks = pb.b * pb.hq * ((pb.e + kColumns - 1) / kColumns);
+  const int64_t blocks = pb.b * pb.hq * step_output_column_blocks(pb);
   return static_cast<unsigned>(blocks > 0 ? blocks : 1);  // (an empty block returns at once)
 }
 
@@ -135,11 +127,11 @@ __global__ void __launch_bounds__(kStreamThreads, G == 1 ? 4 : G == 2 ? 3 : 2)
     const int j = item % rows, which = item / rows;  // 0: the key, 1 + g: query head g of the group
     const phi_entry& row = table[r0 + j];
     if (which == 0) {
-      phik[j] = step_phi<sum_t>(row, pb.p, [&](int i) { return sum_t(load<T>(k, off4(k, batch, 0, head, i))); });
+      phik[j] = phi_value_as<sum_t>(row, pb.p, [&](int i) { return sum_t(load<T>(k, off4(k, batch, 0, head, i))); });
     } else {
       const int64_t qh = head * group + which - 1;
       phiq[which - 1][j] =
-          step_phi<sum_t>(row, pb.p, [&](int i) { return sum_t(scale) * sum_t(load<T>(q, off4(q, batch, 0, qh, i))); });
+          phi_value_as<sum_t>(row, pb.p, [&](int i) { return sum_t(scale) * sum_t(load<T>(q, off4(q, batch, 0, qh, i))); });
     }
   }
   __syncthreads();

@@ -3,8 +3,6 @@
 // the intra-chunk term (query_output.hpp).
 #pragma once
 
-#include <type_traits>
-
 #include "gpu/kernels/common.hpp"
 #include "gpu/kernels/query_output.hpp"
 
@@ -39,20 +37,13 @@ __global__ void simple_query_state_kernel(query_inputs in, gates g, const phi_en
     const int64_t qoff = off4(in.q, batch, i, qh, 0);
     auto qv = [&](int j) { return load<T>(in.q, qoff + j * in.q.strides[3]); };
     for (int64_t col0 = 0; col0 < pb.e; col0 += kLaneGroup * kQueryColsPerLane) {
-      // f32 inputs sum in f64 with phi's coefficient exact: the terms of phi(q) . S and phi(q) . z
-      // have both signs and can cancel to far below their size (a p = 4 sum in f32 came out 1.1e-5
-      // off, against the 1e-5 tolerance); b16 inputs carry more error than such a sum adds.
-      using sum_t = std::conditional_t<std::is_same_v<T, float>, double, float>;
+      using sum_t = cancelling_sum_t<T>;  // f64 for f32 inputs: phi(q) . S and phi(q) . z cancel
       sum_t acc[kQueryColsPerLane];
       for (int j = 0; j < kQueryColsPerLane; ++j) acc[j] = 0;
       sum_t den = 0;
       if (in.S.data) {
         for (int64_t r = 0; r < pb.D; ++r) {
-          sum_t ph;
-          if constexpr (std::is_same_v<sum_t, double>)
-            ph = phi_value_f64(table[r], pb.p, [&](int j) { return double(qv(j)); });
-          else
-            ph = phi_value(table[r], pb.p, qv);
+          const sum_t ph = phi_value_as<sum_t>(table[r], pb.p, qv);
           const int64_t so = off5(in.S, batch, m, kv, r, 0);
 #pragma unroll
           for (int j = 0; j < kQueryColsPerLane; ++j) {

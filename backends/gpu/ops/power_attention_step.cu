@@ -27,7 +27,8 @@ std::string power_attention_step_streamed_declines(const expanse_op& op, const d
 
 // The per-row-block partial sums both forms write for step_output_kernel: step_sum_t of the input type.
 static void* take_step_partials(const expanse_problem& pb, int64_t row_blocks, workspace& ws) {
-  const size_t bytes = pb.input_dtype == EXPANSE_F32 ? sizeof(double) : sizeof(float);
+  size_t bytes = 0;
+  with_input_type(pb.input_dtype, [&](auto tag) { bytes = sizeof(step_sum_t<decltype(tag)>); });
   return ws.take<unsigned char>(size_t(pb.b * pb.hq * row_blocks * (pb.e + 1)) * bytes);
 }
 
@@ -79,7 +80,7 @@ void power_attention_step_fused_run(const expanse_op& op, launch_context& lc) {
   void* partial = take_step_partials(pb, row_blocks, lc.ws);
   if (lc.ws.sizing()) return;
   expanse_tensor none{};
-  const expanse_tensor z = pb.normalize && a.z ? *a.z : (a.z ? *a.z : none);
+  const expanse_tensor z = a.z ? *a.z : none;
   const int64_t blocks = pb.b * pb.h * row_blocks * col_groups;
   if (blocks == 0) return;
   with_input_type(pb.input_dtype, [&](auto tag) {
