@@ -109,7 +109,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
   float* sum_v = lc.ws.take<float>(size_t(krows * pb.e));
   float* am_q = lc.ws.take<float>(size_t(qrows));
   float* am_k = lc.ws.take<float>(size_t(krows));
-  float* boundary = take_boundary_sums(op, plan, lc.ws);
+  double* boundary = take_boundary_sums(op, plan, lc.ws);
 
   // 1. The forward sweep.
   // The blocked wgmma kernels where the implementation is "wgmma" and p = 2, else the sm_80 ones.
@@ -165,6 +165,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
     P.g = shared.g;
     P.t = pb.t, P.c = pb.c, P.n = pb.n, P.h = pb.h, P.hq = pb.hq, P.scale = scale;
     P.key_tiles = int((std::min(pb.c, pb.t) + kKeys - 1) / kKeys);
+    P.group = flash_backward_group(pb.c, pb.t, pb.hq / pb.h, int(pb.d), int(pb.e));
     with_b16_type(pb.input_dtype, [&](auto tag) {
       using T = decltype(tag);
       with_degree(pb.p, [&](auto degree) {
@@ -194,9 +195,10 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
       launch_weighted_split_update_state(*a.q, *a.dout, state_weight, shared.phi, plain_problem(pb.hq, EXPANSE_F32),
                                          into_S, blocked, lc);
       if (into_z.data && query_states > 0) {
+        cudaMemsetAsync(into_z.data, 0, size_t(query_states) * sizeof(float), lc.stream);
         with_b16_type(pb.input_dtype, [&](auto tag) {
           using T = decltype(tag);
-          weighted_features_kernel<T><<<unsigned(pb.n * pb.hq * pb.b), kQuadThreads, 0, lc.stream>>>(
+          weighted_features_kernel<T><<<unsigned(kFeatureSplits * pb.n * pb.hq * pb.b), kQuadThreads, 0, lc.stream>>>(
               *a.q, w.dden, shared.g, pb, scale_p, static_cast<float*>(into_z.data));
         });
         check_launch("mma power_attention_backward dden features");
@@ -247,9 +249,11 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
       check_launch("mma power_attention_backward dq");
     }
     if (krows > 0) {
-      finish_keys_kernel<T><<<grid_for(krows * kLaneGroup, 128), 128, 0, lc.stream>>>(
+      const bool with_dk = !plan.cotangent_states;
+      const bool dv_vectors = finish_keys_vectors(*a.dv, pb, dv_state.data != nullptr, with_dk);
+      finish_keys_kernel<T><<<grid_for(finish_keys_threads(*a.dv, dv_vectors), 128), 128, 0, lc.stream>>>(
           *a.dk, *a.dv, sum_k, sum_v, dv_state.data ? static_cast<const T*>(dv_state.data) : nullptr, am_k,
-          shared.g.keys(), pb, w.kdk, !plan.cotangent_states);
+          shared.g.keys(), pb, w.kdk, with_dk, dv_vectors);
       check_launch("mma power_attention_backward dk, dv");
     }
   });

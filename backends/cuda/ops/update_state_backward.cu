@@ -62,8 +62,10 @@ void mma_update_state_backward_run(const expanse_op& op, launch_context& lc) {
                         pb, lc);
   with_b16_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
-    finish_keys_kernel<T><<<grid_for(krows * kLaneGroup, 128), 128, 0, lc.stream>>>(
-        *a.dk, *a.dv, nullptr, nullptr, static_cast<const T*>(dv_state.data), nullptr, g.keys(), pb, w.kdk, false);
+    const bool dv_vectors = finish_keys_vectors(*a.dv, pb, true, false);
+    finish_keys_kernel<T><<<grid_for(finish_keys_threads(*a.dv, dv_vectors), 128), 128, 0, lc.stream>>>(
+        *a.dk, *a.dv, nullptr, nullptr, static_cast<const T*>(dv_state.data), nullptr, g.keys(), pb, w.kdk, false,
+        dv_vectors);
   });
   check_launch("mma update_state_backward dv");
   if (a.dlog_g) {

@@ -16,29 +16,47 @@ namespace expanse_gpu {
 //   phi(x)^T z = x^T Z x with Z_ab = Z_ba = c_ab z_(a,b) / 2 off the diagonal.
 // Both kernels take d = 64 (kQuadDim) and go through the 64 x 64 matrix, not the D table rows. For p = 1
 // phi is the identity (D = d): weighted_features_kernel's sum is q^T w.
-constexpr int kQuadDim = 64, kQuadThreads = 256, kQuadTokens = 32, kCotangentTokens = 128;
+constexpr int kQuadDim = 64, kQuadThreads = 256, kQuadTokens = 32, kCotangentTokens = 128, kFeatureSplits = 4;
 
-// out [b,n,hq,D] (f32, contiguous) = sum_{i in m} exp(Gc_i) scale^p dden_i phi(q_i): one block per (chunk,
-// query head, batch); each thread sums a 4 x 4 tile of q^T diag(w) q over the chunk's tokens, staged
-// kQuadTokens at a time.
+// 8 consecutive elements of a b16 row (16-byte aligned) as floats.
+template <class T>
+__device__ __forceinline__ void load8(const T* src, float (&out)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(src);
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = to_f32(e[j]);
+}
+
+// out [b,n,hq,D] (f32, contiguous, zeroed) += sum_{i in m} exp(Gc_i) scale^p dden_i phi(q_i), q with
+// whole 16-byte rows: kFeatureSplits blocks per (chunk, query head, batch), each over its share of the
+// chunk's tokens, added by atomics (one block per chunk left about 4 blocks per SM at P1 t = 65536,
+// waiting on its loads). Each thread sums a 4 x 4 tile of q^T diag(w) q, staged kQuadTokens tokens
+// at a time.
 template <class T>
 __global__ void __launch_bounds__(kQuadThreads) weighted_features_kernel(expanse_tensor q, const float* dden, gates g,
                                                                          expanse_problem pb, float scale_p, float* out) {
+  static_assert(kQuadTokens * kQuadDim / 8 == kQuadThreads, "one 8-element load per thread stages the tokens");
   __shared__ float qs[kQuadTokens][kQuadDim + 1];
   __shared__ float ws[kQuadTokens];
-  const int64_t qh = blockIdx.x % pb.hq, m = (blockIdx.x / pb.hq) % pb.n, batch = blockIdx.x / (pb.hq * pb.n);
+  const int split = int(blockIdx.x % kFeatureSplits);
+  const int64_t rest = blockIdx.x / kFeatureSplits;
+  const int64_t qh = rest % pb.hq, m = (rest / pb.hq) % pb.n, batch = rest / (pb.hq * pb.n);
   const int64_t bh = batch * pb.h + qh / (pb.hq / pb.h), first = m * pb.c, len = min(pb.c, pb.t - first);
+  const int64_t share = (len + kFeatureSplits - 1) / kFeatureSplits, begin = split * share, end = min(len, begin + share);
   const int a0 = (threadIdx.x / 16) * 4, b0 = (threadIdx.x % 16) * 4;
   float acc[4][4] = {};
-  for (int64_t s0 = 0; s0 < len; s0 += kQuadTokens) {
+  for (int64_t s0 = begin; s0 < end; s0 += kQuadTokens) {
     __syncthreads();  // the previous tokens are no longer read
-    for (int x = threadIdx.x; x < kQuadTokens * kQuadDim; x += blockDim.x) {
-      const int s = x / kQuadDim, col = x % kQuadDim;
-      qs[s][col] = s0 + s < len ? load<T>(q, off4(q, batch, first + s0 + s, qh, col)) : 0.f;
+    {
+      const int s = threadIdx.x / (kQuadDim / 8), c8 = (threadIdx.x % (kQuadDim / 8)) * 8;
+      float v[8] = {};
+      if (s0 + s < end) load8(static_cast<const T*>(q.data) + off4(q, batch, first + s0 + s, qh, c8), v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) qs[s][c8 + j] = v[j];
     }
     if (threadIdx.x < kQuadTokens) {
       const int64_t s = s0 + threadIdx.x, i = first + s;
-      ws[threadIdx.x] = s < len ? expf(g.cum(bh, pb.t, i)) * dden[(batch * pb.t + i) * pb.hq + qh] : 0.f;
+      ws[threadIdx.x] = s < end ? expf(g.cum(bh, pb.t, i)) * dden[(batch * pb.t + i) * pb.hq + qh] : 0.f;
     }
     __syncthreads();
     if (pb.p == 1) {  // the weighted sum of the q rows, a column per thread
@@ -54,25 +72,17 @@ __global__ void __launch_bounds__(kQuadThreads) weighted_features_kernel(expanse
         for (int y = 0; y < 4; ++y) acc[x][y] = fmaf(qa[x], qb[y], acc[x][y]);
     }
   }
+  if (begin >= end) return;
   float* o = out + ((batch * pb.n + m) * pb.hq + qh) * pb.D;
   if (pb.p == 1) {
-    if (threadIdx.x < kQuadDim) o[threadIdx.x] = scale_p * acc[0][0];
+    if (threadIdx.x < kQuadDim) atomicAdd(o + threadIdx.x, scale_p * acc[0][0]);
     return;
   }
   for (int x = 0; x < 4; ++x)
     for (int y = 0; y < 4; ++y) {
       const int a = a0 + x, b = b0 + y;
-      if (a <= b) o[sympow2_row(kQuadDim, a, b)] = scale_p * sympow2_coef(a, b) * acc[x][y];
+      if (a <= b) atomicAdd(o + sympow2_row(kQuadDim, a, b), scale_p * sympow2_coef(a, b) * acc[x][y]);
     }
-}
-
-// 8 consecutive elements of a b16 row (16-byte aligned) as floats.
-template <class T>
-__device__ __forceinline__ void load8(const T* src, float (&out)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(src);
-  const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) out[j] = to_f32(e[j]);
 }
 
 // The queries' cotangents, one thread per token, one block per (kCotangentTokens tokens of one chunk,
@@ -118,18 +128,38 @@ __global__ void __launch_bounds__(kCotangentTokens)
       const T* q_row = static_cast<const T*>(q.data) + off4(q, batch, i, qh, 0);
 #pragma unroll
       for (int c8 = 0; c8 < kQuadDim / 8; ++c8) load8(q_row + 8 * c8, reinterpret_cast<float(&)[8]>(qv[8 * c8]));
+      // Z is symmetric: its 4 x 4 blocks on and above the diagonal, those above twice (2176 products
+      // of the 4096).
 #pragma unroll
-      for (int a = 0; a < kQuadDim; ++a) {
-        float zq = 0.f;
+      for (int a4 = 0; a4 < kQuadDim / 4; ++a4)
 #pragma unroll
-        for (int b4 = 0; b4 < kQuadDim / 4; ++b4) {
-          const float4 zz = *reinterpret_cast<const float4*>(&zs[a][4 * b4]);
-          zq = fmaf(zz.x, qv[4 * b4], fmaf(zz.y, qv[4 * b4 + 1], fmaf(zz.z, qv[4 * b4 + 2], fmaf(zz.w, qv[4 * b4 + 3], zq))));
+        for (int r = 0; r < 4; ++r) {
+          const int a = 4 * a4 + r;
+          float diag = 0.f, above = 0.f;
+#pragma unroll
+          for (int b4 = a4; b4 < kQuadDim / 4; ++b4) {
+            const float4 zz = *reinterpret_cast<const float4*>(&zs[a][4 * b4]);
+            float& acc = b4 == a4 ? diag : above;
+            acc = fmaf(zz.x, qv[4 * b4], fmaf(zz.y, qv[4 * b4 + 1], fmaf(zz.z, qv[4 * b4 + 2], fmaf(zz.w, qv[4 * b4 + 3], acc))));
+          }
+          quad = fmaf(qv[a], fmaf(2.f, above, diag), quad);
         }
-        quad = fmaf(qv[a], zq, quad);
-      }
     }
-    for (int y = 0; y < pb.e; ++y) od += to_f32(dout_row[y]) * load<T>(o, off4(o, batch, i, qh, y));
+    // dout_i . o_i: dout's rows are whole 16-byte vectors (the implementation's checks), and o's where
+    // its layout allows: with a thread per token, element-wise loads touch a line per lane per element.
+    const T* o_row = static_cast<const T*>(o.data) + off4(o, batch, i, qh, 0);
+    if (o.strides[3] == 1 && (o.strides[0] | o.strides[1] | o.strides[2]) % 8 == 0 &&
+        reinterpret_cast<uintptr_t>(o.data) % 16 == 0) {
+      for (int y8 = 0; y8 < pb.e; y8 += 8) {
+        float dv[8], ov[8];
+        load8(dout_row + y8, dv);
+        load8(o_row + y8, ov);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) od = fmaf(dv[j], ov[j], od);
+      }
+    } else {
+      for (int y = 0; y < pb.e; ++y) od += to_f32(dout_row[y]) * to_f32(o_row[y * o.strides[3]]);
+    }
     den = scale_p * decay * quad + loadf(l, off3(l, batch, i, qh)) * expf(loadf(rowmax, off3(rowmax, batch, i, qh)));
   }
   const float r = den == 0.f ? 0.f : 1.f / den;

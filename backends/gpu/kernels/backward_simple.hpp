@@ -215,43 +215,108 @@ struct state_entry {
   }
 };
 
-// One thread per state entry of a kv head, one block per kBackwardThreads entries of one head: the
-// reverse scan over st.dY, st.dZ. Chunk m's input X_m is read from Xs, Xz ([b,n,H,D,e], [b,n,H,D];
-// the H / h heads of a kv head summed) or, where their data is null, from st.dY, st.dZ in place. Each
-// step's input and decay are loaded a step ahead (before the store, which they might alias), and
-// nothing waits on the other threads: with the boundary terms summed here by block barriers per
-// chunk the scan took 0.88 ms at P1 t = 65536 (H100).
+// The reverse scan over st.dY, st.dZ, and, where `boundary` is set, each chunk's boundary term (see
+// boundary_sums_kernel) added to boundary [b,h,n] (f64, zeroed). A block per kScanEntries x
+// kBackwardThreads entries of one kv head, each thread carrying kScanEntries entries (strided by the
+// block's width) down the chunks. Chunk m's input X_m is read from Xs, Xz ([b,n,H,D,e], [b,n,H,D]; the
+// H / h heads of a kv head summed) or, where their data is null, from st.dY, st.dZ in place. Each
+// step's inputs, decay and forward state are loaded a step ahead (before the store, which they might
+// alias), so that a thread has 2 kScanEntries loads in flight. The boundary terms sum the entries'
+// dY_{m+1} S_{m+1} in f64 by lane group, keep the block's partials of kScanFlush chunks in shared
+// memory and add them out once per kScanFlush chunks: with a block barrier per chunk this pass took
+// 0.88 ms at P1 t = 65536 (H100), and a pass of its own after the scan 0.62 ms.
+constexpr int kScanEntries = 4, kScanFlush = 32;
 [[maybe_unused]] static __global__ void __launch_bounds__(kBackwardThreads)
     reverse_scan_kernel(backward_states st, expanse_tensor Xs, expanse_tensor Xz, scan_ends ends, gates g,
-                        expanse_problem pb) {
-  const int64_t per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
-  const int64_t tiles = (per_head + kBackwardThreads - 1) / kBackwardThreads, head = quotient(blockIdx.x, tiles);
-  const state_entry at((blockIdx.x - head * tiles) * kBackwardThreads + threadIdx.x, per_head, pb);
-  if (!at.in) return;
-  const int64_t kv = head % pb.h, batch = head / pb.h, r = at.r, col = at.col;
-  const bool is_z = at.is_z;
-  const expanse_tensor& src = is_z ? Xz : Xs;
-  const int64_t group = src.data ? src.shape[2] / pb.h : 1;
-  auto slot = [&](int64_t m) { return is_z ? ptrf(st.dZ, off4(st.dZ, batch, m, kv, r)) : ptrf(st.dY, off5(st.dY, batch, m, kv, r, col)); };
-  auto input = [&](int64_t m) {  // X_m
-    if (!src.data) return *slot(m);
+                        expanse_problem pb, double* boundary) {
+  __shared__ double partial[kScanFlush][kBackwardGroups];
+  constexpr int kBlockEntries = kScanEntries * kBackwardThreads;
+  const int64_t De = pb.D * pb.e, per_head = De + (st.dZ.data ? pb.D : 0);
+  const int64_t tiles = (per_head + kBlockEntries - 1) / kBlockEntries, head = quotient(blockIdx.x, tiles);
+  const int64_t first_entry = (blockIdx.x - head * tiles) * kBlockEntries + threadIdx.x;
+  const int64_t kv = head % pb.h, batch = head / pb.h;
+  // Per entry: its slot in chunk 0 and the stride between chunks; its input's (first query head) and
+  // the stride between query heads; the forward state's.
+  float* slot[kScanEntries];
+  const float *src[kScanEntries], *fwd[kScanEntries];
+  int64_t slot_sn[kScanEntries], src_sn[kScanEntries], src_sh[kScanEntries], fwd_sn[kScanEntries];
+  float cur[kScanEntries], s_final[kScanEntries];
+  bool in[kScanEntries];
+  const int64_t group = Xs.data ? Xs.shape[2] / pb.h : 1;
+#pragma unroll
+  for (int k = 0; k < kScanEntries; ++k) {
+    const state_entry at(first_entry + k * kBackwardThreads, per_head, pb);
+    in[k] = at.in;
+    slot[k] = nullptr, src[k] = fwd[k] = nullptr, cur[k] = s_final[k] = 0.f;
+    slot_sn[k] = src_sn[k] = src_sh[k] = fwd_sn[k] = 0;
+    if (!at.in) continue;
+    const expanse_tensor &dY = at.is_z ? st.dZ : st.dY, &X = at.is_z ? Xz : Xs, &S = at.is_z ? st.z : st.S;
+    auto entry_offset = [&](const expanse_tensor& t, int64_t chunk, int64_t hd) {
+      return at.is_z ? off4(t, batch, chunk, hd, at.r) : off5(t, batch, chunk, hd, at.r, at.col);
+    };
+    slot[k] = ptrf(dY, entry_offset(dY, 0, kv)), slot_sn[k] = dY.strides[1];
+    if (X.data) src[k] = ptrf(X, entry_offset(X, 0, kv * group)), src_sn[k] = X.strides[1], src_sh[k] = X.strides[2];
+    if (boundary && S.data) fwd[k] = ptrf(S, entry_offset(S, 0, kv)), fwd_sn[k] = S.strides[1];
+    if (!at.is_z && ends.dfinal_S.data) cur[k] = *ptrf(ends.dfinal_S, off4(ends.dfinal_S, batch, kv, at.r, at.col));
+    if (at.is_z && ends.dfinal_z.data) cur[k] = *ptrf(ends.dfinal_z, off3(ends.dfinal_z, batch, kv, at.r));
+    if (boundary && !at.is_z && ends.S_final) s_final[k] = ends.S_final[head * De + at.r * pb.e + at.col];
+    if (boundary && at.is_z && ends.z_final) s_final[k] = ends.z_final[head * pb.D + at.r];
+  }
+  auto input = [&](int k, int64_t m) {  // X_m
+    if (!src[k]) return slot[k][m * slot_sn[k]];
     float x = 0.f;
-    for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh)
-      x += is_z ? *ptrf(src, off4(src, batch, m, qh, r)) : *ptrf(src, off5(src, batch, m, qh, r, col));
+    for (int64_t j = 0; j < group; ++j) x += src[k][m * src_sn[k] + j * src_sh[k]];
     return x;
   };
-  float cur = 0.f;
-  if (!is_z && ends.dfinal_S.data) cur = *ptrf(ends.dfinal_S, off4(ends.dfinal_S, batch, kv, r, col));
-  if (is_z && ends.dfinal_z.data) cur = *ptrf(ends.dfinal_z, off3(ends.dfinal_z, batch, kv, r));
-  float x_next = pb.n > 0 ? input(pb.n - 1) : 0.f, decay_next = pb.n > 0 ? expf(g.chunk_total(head, pb.n, pb.n - 1)) : 0.f;
-  for (int64_t m = pb.n - 1; m >= 0; --m) {
-    const float x = x_next, decay = decay_next;
-    if (m > 0) x_next = input(m - 1), decay_next = expf(g.chunk_total(head, pb.n, m - 1));
-    *slot(m) = cur;  // dY_{m+1}: what chunk m's keys see
-    cur = decay * cur + x;
+  float x_next[kScanEntries], s_next[kScanEntries];  // X_m and S_{m+1} for the next step m
+#pragma unroll
+  for (int k = 0; k < kScanEntries; ++k) {
+    x_next[k] = in[k] && pb.n > 0 ? input(k, pb.n - 1) : 0.f;
+    s_next[k] = s_final[k];
   }
-  if (!is_z && ends.dinitial_S.data) *ptrf(ends.dinitial_S, off4(ends.dinitial_S, batch, kv, r, col)) = cur;
-  if (is_z && ends.dinitial_z.data) *ptrf(ends.dinitial_z, off3(ends.dinitial_z, batch, kv, r)) = cur;
+  float decay_next = pb.n > 0 ? expf(g.chunk_total(head, pb.n, pb.n - 1)) : 0.f;
+  for (int64_t m = pb.n - 1; m >= 0; --m) {
+    float x[kScanEntries], s[kScanEntries];
+    const float decay = decay_next;
+#pragma unroll
+    for (int k = 0; k < kScanEntries; ++k) x[k] = x_next[k], s[k] = s_next[k];
+    if (m > 0) {
+      decay_next = expf(g.chunk_total(head, pb.n, m - 1));
+#pragma unroll
+      for (int k = 0; k < kScanEntries; ++k) {
+        if (!in[k]) continue;
+        x_next[k] = input(k, m - 1);
+        s_next[k] = fwd[k] ? fwd[k][m * fwd_sn[k]] : 0.f;  // S_m, which chunk m - 1's boundary meets
+      }
+    }
+    double part = 0.0;
+#pragma unroll
+    for (int k = 0; k < kScanEntries; ++k) {
+      if (!in[k]) continue;
+      slot[k][m * slot_sn[k]] = cur[k];  // dY_{m+1}: what chunk m's keys see
+      part += double(s[k]) * double(cur[k]);
+      cur[k] = decay * cur[k] + x[k];
+    }
+    if (!boundary) continue;
+    for (int o = kLaneGroup / 2; o > 0; o >>= 1) part += shfl_xor_group(part, o);
+    if (threadIdx.x % kLaneGroup == 0) partial[m % kScanFlush][threadIdx.x / kLaneGroup] = part;
+    if (m % kScanFlush == 0) {  // chunks m .. m + kScanFlush - 1 are complete
+      __syncthreads();
+      if (threadIdx.x < kScanFlush && m + threadIdx.x < pb.n) {
+        double sum = 0.0;
+        for (int w = 0; w < kBackwardGroups; ++w) sum += partial[threadIdx.x][w];
+        if (sum != 0.0) atomicAdd(boundary + head * pb.n + m + threadIdx.x, sum);
+      }
+      __syncthreads();
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kScanEntries; ++k) {
+    if (!in[k]) continue;
+    const state_entry at(first_entry + k * kBackwardThreads, per_head, pb);
+    if (!at.is_z && ends.dinitial_S.data) *ptrf(ends.dinitial_S, off4(ends.dinitial_S, batch, kv, at.r, at.col)) = cur[k];
+    if (at.is_z && ends.dinitial_z.data) *ptrf(ends.dinitial_z, off3(ends.dinitial_z, batch, kv, at.r)) = cur[k];
+  }
 }
 
 // After a reverse scan that started from zero (expanse_power_attention_backward_exchange: dfinal
@@ -293,14 +358,15 @@ struct state_entry {
   }
 }
 
-// After the reverse scan, one block per (kv head, chunk m, kBoundaryEntries entries of the head):
+// After launch_final_cotangent (the exchanging backward: the plain reverse scan sums them as it goes),
+// one block per (kv head, chunk m, kBoundaryEntries entries of the head):
 // boundary [b,h,n] (zeroed) += <dY_{m+1}, S_{m+1}> + <dZ_{m+1}, z_{m+1}> over its entries (slot m of
 // st.dY, st.dZ against slot m + 1 of st.S, st.z; S_n the final state, 0 where there is none): the
 // sum over the pairs that straddle the chunk's end of their gates' gradient, which
 // gate_gradients_kernel starts each chunk from.
 constexpr int kBoundaryEntries = 8 * kBackwardThreads;
 [[maybe_unused]] static __global__ void __launch_bounds__(kBackwardThreads)
-    boundary_sums_kernel(backward_states st, scan_ends ends, expanse_problem pb, float* boundary) {
+    boundary_sums_kernel(backward_states st, scan_ends ends, expanse_problem pb, double* boundary) {
   __shared__ double scratch[kBackwardGroups + 1];  // f64: the term cancels against the chunk's q . dq - k . dk
   const int64_t De = pb.D * pb.e, per_head = De + (st.dZ.data ? pb.D : 0);
   const int64_t tiles = (per_head + kBoundaryEntries - 1) / kBoundaryEntries, rest = quotient(blockIdx.x, tiles);
@@ -318,7 +384,7 @@ constexpr int kBoundaryEntries = 8 * kBackwardThreads;
       sum += double(next) * (at.is_z ? *ptrf(st.dZ, off4(st.dZ, batch, m, kv, at.r)) : *ptrf(st.dY, off5(st.dY, batch, m, kv, at.r, at.col)));
   }
   sum = block_sum(sum, scratch);
-  if (threadIdx.x == 0 && sum != 0.0) atomicAdd(boundary + head * pb.n + m, float(sum));
+  if (threadIdx.x == 0 && sum != 0.0) atomicAdd(boundary + head * pb.n + m, sum);
 }
 
 // One block per (batch, token, query head): dq from the state entering the chunk (st.S) and/or the
@@ -461,7 +527,7 @@ __global__ void key_gradients_kernel(backward_tensors in, backward_states st, ba
 // threads of 32-token runs and one thread combining the runs took 80 us on an H100.
 constexpr int kGateThreads = 1024;
 [[maybe_unused]] static __global__ void __launch_bounds__(kGateThreads)
-    gate_gradients_kernel(expanse_tensor log_g, expanse_tensor dlog_g, backward_work w, const float* boundary,
+    gate_gradients_kernel(expanse_tensor log_g, expanse_tensor dlog_g, backward_work w, const double* boundary,
                           expanse_problem pb) {
   __shared__ float run_sum[kGateThreads];
   __shared__ int run_has_reset[kGateThreads];
@@ -496,7 +562,7 @@ constexpr int kGateThreads = 1024;
     run_has_reset[threadIdx.x] = r;
     __syncthreads();
   }
-  const float right_end = boundary ? boundary[head * pb.n + m] : 0.f;
+  const float right_end = boundary ? float(boundary[head * pb.n + m]) : 0.f;
   const int next = int(threadIdx.x) + 1;
   float acc = next < kGateThreads ? run_sum[next] + (run_has_reset[next] ? 0.f : right_end) : right_end;
   for (int64_t i = end - 1; i >= first; --i) {

@@ -67,10 +67,10 @@ forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan
   return fw;
 }
 
-float* take_boundary_sums(const expanse_op& op, const backward_plan& plan, workspace& ws) {
+double* take_boundary_sums(const expanse_op& op, const backward_plan& plan, workspace& ws) {
   const expanse_problem& pb = *op.problem;
   const bool wanted = args_of<expanse_power_attention_backward_args>(op).dlog_g != nullptr && plan.cotangent_states;
-  return wanted ? ws.take<float>(size_t(pb.b * pb.h * pb.n)) : nullptr;
+  return wanted ? ws.take<double>(size_t(pb.b * pb.h * pb.n)) : nullptr;
 }
 
 namespace {
@@ -81,7 +81,7 @@ scan_ends ends_of(const expanse_power_attention_backward_args& a, const forward_
           static_cast<const float*>(fw.z_final.data)};
 }
 
-void launch_boundary_sums(const expanse_problem& pb, const backward_states& st, const scan_ends& ends, float* boundary,
+void launch_boundary_sums(const expanse_problem& pb, const backward_states& st, const scan_ends& ends, double* boundary,
                           launch_context& lc) {
   const int64_t heads = pb.b * pb.h, per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
   if (!boundary || pb.n == 0 || heads * per_head == 0) return;
@@ -93,23 +93,23 @@ void launch_boundary_sums(const expanse_problem& pb, const backward_states& st, 
 }  // namespace
 
 void launch_reverse_scan(const expanse_op& op, const backward_states& st, const expanse_tensor& Xs,
-                         const expanse_tensor& Xz, const forward_sweep& fw, const gates& g, float* boundary,
+                         const expanse_tensor& Xz, const forward_sweep& fw, const gates& g, double* boundary,
                          launch_context& lc, bool with_final) {
   const expanse_problem& pb = *op.problem;
   const int64_t heads = pb.b * pb.h, per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
   if (heads * per_head == 0) return;
-  if (boundary && failed(memset_async(boundary, 0, size_t(heads * pb.n) * sizeof(float), lc.stream)))
+  if (boundary && failed(memset_async(boundary, 0, size_t(heads * pb.n) * sizeof(double), lc.stream)))
     throw std::runtime_error("power_attention_backward: clearing the boundary terms failed");
   scan_ends ends = ends_of(args_of<expanse_power_attention_backward_args>(op), fw);
   if (!with_final) ends.dfinal_S = ends.dfinal_z = expanse_tensor{};
-  const int64_t tiles = (per_head + kBackwardThreads - 1) / kBackwardThreads;
-  reverse_scan_kernel<<<unsigned(tiles * heads), kBackwardThreads, 0, lc.stream>>>(st, Xs, Xz, ends, g, pb);
+  const int64_t tiles = (per_head + kScanEntries * kBackwardThreads - 1) / (kScanEntries * kBackwardThreads);
+  reverse_scan_kernel<<<unsigned(tiles * heads), kBackwardThreads, 0, lc.stream>>>(st, Xs, Xz, ends, g, pb,
+                                                                                   with_final ? boundary : nullptr);
   check_launch("power_attention_backward reverse scan");
-  if (with_final) launch_boundary_sums(pb, st, ends, boundary, lc);
 }
 
 void launch_final_cotangent(const expanse_op& op, const backward_states& st, const forward_sweep& fw, const gates& g,
-                            float* boundary, launch_context& lc) {
+                            double* boundary, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const int64_t heads = pb.b * pb.h, per_head = pb.D * pb.e + (st.dZ.data ? pb.D : 0);
   if (heads * per_head == 0) return;
@@ -125,7 +125,7 @@ void launch_final_cotangent(const expanse_op& op, const backward_states& st, con
   launch_boundary_sums(pb, st, ends, boundary, lc);
 }
 
-void launch_gate_gradients(const expanse_op& op, const float* boundary, backward_work w, launch_context& lc) {
+void launch_gate_gradients(const expanse_op& op, const double* boundary, backward_work w, launch_context& lc) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_backward_args>(op);
   const int64_t chunks = pb.b * pb.h * pb.n;
@@ -163,7 +163,7 @@ void power_attention_backward_simple_run(const expanse_op& op, launch_context& l
   const forward_sweep fw = recompute_forward_states(op, plan, shared, lc, launch_simple_update_state);
   backward_states st{};
   take_cotangent_states(op, plan, lc.ws, st);
-  float* boundary = take_boundary_sums(op, plan, lc.ws);
+  double* boundary = take_boundary_sums(op, plan, lc.ws);
   st.S = fw.S, st.z = fw.z;
   if (lc.ws.sizing()) return;
 

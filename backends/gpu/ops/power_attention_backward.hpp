@@ -37,24 +37,25 @@ constexpr int kForwardSweepSlots = 3;
 forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,
                                        launch_context& lc, update_state_launcher update = nullptr);
 
-// The gates' boundary terms [b,h,n] (reverse_scan_kernel), taken from the workspace where the call wants
+// The gates' boundary terms [b,h,n] in f64 (reverse_scan_kernel), taken from the workspace where the
+// call wants
 // dlog_g and has state cotangents; null otherwise.
-float* take_boundary_sums(const expanse_op& op, const backward_plan& plan, workspace& ws);
+double* take_boundary_sums(const expanse_op& op, const backward_plan& plan, workspace& ws);
 
 // The reverse scan of the state cotangents over st.dY, st.dZ (chunk inputs in place, or summed over the
 // query heads from Xs, Xz where their data is set), dinitial_S/z, and the boundary terms.
 // Without `with_final` (expanse_power_attention_backward_exchange) the scan starts from zero whatever
 // dfinal holds, and the boundary terms wait for launch_final_cotangent.
 void launch_reverse_scan(const expanse_op& op, const backward_states& st, const expanse_tensor& Xs,
-                         const expanse_tensor& Xz, const forward_sweep& fw, const gates& g, float* boundary,
+                         const expanse_tensor& Xz, const forward_sweep& fw, const gates& g, double* boundary,
                          launch_context& lc, bool with_final = true);
 // After a scan without the final state's cotangent, once dfinal holds it: its decayed share added to
 // every chunk's cotangent and to dinitial (the scan is linear in its start), then the boundary terms.
 void launch_final_cotangent(const expanse_op& op, const backward_states& st, const forward_sweep& fw, const gates& g,
-                            float* boundary, launch_context& lc);
+                            double* boundary, launch_context& lc);
 
 // dlog_g: chunk by chunk, the segmented reverse cumulative sum of (q . dq - k . dk) / p from w.qdq,
 // w.kdk, started from the chunk's boundary term (null: none).
-void launch_gate_gradients(const expanse_op& op, const float* boundary, backward_work w, launch_context& lc);
+void launch_gate_gradients(const expanse_op& op, const double* boundary, backward_work w, launch_context& lc);
 
 }  // namespace expanse_gpu

@@ -80,15 +80,18 @@ struct mma_pullback_tiles {
 template <class T, int DH, int E, class Tiles>
 constexpr size_t pullback_smem() {
   using namespace pullback_cfg;
-  return size_t(kRows) * (E + 8) * sizeof(T) + size_t(2 * Tiles::kElems) * sizeof(T) + size_t(kRows) * (DH + 1) * sizeof(float) +
-         (64 + 3 * kRows) * sizeof(float) + size_t(kRows) * (DH + 1) * sizeof(float);
+  return size_t(kRows) * (E + 8) * sizeof(T) + size_t(2 * Tiles::kElems) * sizeof(T) + size_t(kRows) * (DH + 4) * sizeof(float) +
+         (64 + 3 * kRows) * sizeof(float) + size_t(kRows) * (DH + 4) * sizeof(float);
 }
 
 template <class T, int DH, int E, int kP, class Tiles>
 __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params P) {
   static_assert(kP == 1 || kP == 2, "state_pullback_kernel: p must be 1 or 2");
   using namespace pullback_cfg;
-  constexpr int kXS = E + 8, kYS = DH + 1, kBlocks = DH / 8;
+  // y and out rows padded by 4 floats: the epilogue reads them as float4 and float2 (shared memory
+  // bounds the kernel: 71% L1 throughput at P1 t = 65536 with element-wise reads), and a float4 of 8
+  // rows then falls in 8 different bank quads.
+  constexpr int kXS = E + 8, kYS = DH + 4, kBlocks = DH / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* xs = reinterpret_cast<T*>(smem_raw);  // [kRows][kXS]
   T* ms = xs + kRows * kXS;                // the tile's state rows, hi (Tiles::offset)
@@ -211,26 +214,36 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
         else if (A + 1 < kBlocks) load_tile(A + 1, A + 1);
         float u[8][4];
         Tiles::product(u, xa, ms, ml, lane);
-        float yb[2][2], ob[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // y and out at [row][8 B + 2 tq + j]
+        // y and out at [row][8 B + 2 tq + j], y at [row][8 A + k] four k at a time, z of the tile's
+        // rows k * 8 + 2 tq + j.
+        float2 yb[2], ob[2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
+        for (int hf = 0; hf < 2; ++hf) yb[hf] = *reinterpret_cast<const float2*>(ys + row[hf] * kYS + B * 8 + 2 * tq);
 #pragma unroll
-          for (int j = 0; j < 2; ++j) yb[hf][j] = ys[row[hf] * kYS + B * 8 + 2 * tq + j];
+        for (int k4 = 0; k4 < 2; ++k4) {
+          float4 ya[2];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const int a = A * 8 + k;
+          for (int hf = 0; hf < 2; ++hf) ya[hf] = *reinterpret_cast<const float4*>(ys + row[hf] * kYS + A * 8 + 4 * k4);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int hf = i >> 1, j = i & 1;
-            const float cu = fmaf(al_row[hf], zs[k * 8 + 2 * tq + j], r_row[hf] * u[k][i]);
-            part[k][hf] = fmaf(cu, yb[hf][j], part[k][hf]);
-            ob[hf][j] = fmaf(cu, ys[row[hf] * kYS + a], ob[hf][j]);
+          for (int kk = 0; kk < 4; ++kk) {
+            const int k = 4 * k4 + kk;
+            const float2 zk = *reinterpret_cast<const float2*>(zs + k * 8 + 2 * tq);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const float y_a = kk == 0 ? ya[hf].x : kk == 1 ? ya[hf].y : kk == 2 ? ya[hf].z : ya[hf].w;
+              const float cu0 = fmaf(al_row[hf], zk.x, r_row[hf] * u[k][2 * hf]);
+              const float cu1 = fmaf(al_row[hf], zk.y, r_row[hf] * u[k][2 * hf + 1]);
+              part[k][hf] = fmaf(cu1, yb[hf].y, fmaf(cu0, yb[hf].x, part[k][hf]));
+              ob[hf].x = fmaf(cu0, y_a, ob[hf].x);
+              ob[hf].y = fmaf(cu1, y_a, ob[hf].y);
+            }
           }
         }
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) outs[row[hf] * kYS + B * 8 + 2 * tq + j] += ob[hf][j];
+        for (int hf = 0; hf < 2; ++hf) {
+          float2& o = *reinterpret_cast<float2*>(outs + row[hf] * kYS + B * 8 + 2 * tq);
+          o.x += ob[hf].x, o.y += ob[hf].y;
+        }
       }
       // out[row][8 A + k] from the quad's partial sums; the thread whose columns hold k adds it.
 #pragma unroll
