@@ -21,7 +21,8 @@ struct wgmma_pullback_tiles {
   __device__ static int offset(int tr, int col) { return (col / 8) * kKStride + (tr / 8) * 64 + (tr % 8) * 8 + col % 8; }
   // The tile's generic-proxy stores become visible to the tensor cores after the barrier.
   __device__ static void before_barrier() { fence_async_shared(); }
-  __device__ static void product(float (&u)[8][4], const uint32_t (&xa)[E / 16][4], const T* hi, const T* lo, int) {
+  // Issues the products; product_finish waits for them (the kernel splits the next tile between).
+  __device__ static void product_start(float (&u)[8][4], const uint32_t (&xa)[E / 16][4], const T* hi, const T* lo, int) {
     float(&d)[32] = reinterpret_cast<float(&)[32]>(u);
 #pragma unroll
     for (int i = 0; i < 32; ++i) d[i] = 0.f;
@@ -32,6 +33,9 @@ struct wgmma_pullback_tiles {
 #pragma unroll
     for (int kk = 0; kk < E / 16; ++kk) wgmma_rs<T, 64>(d, xa[kk], kmajor_desc(lo + kk * 2 * kKStride, kKStride * sizeof(T), 128));
     wgmma_commit();
+  }
+  __device__ static void product_finish(float (&u)[8][4]) {
+    float(&d)[32] = reinterpret_cast<float(&)[32]>(u);
     wgmma_wait<0>();
     wgmma_pin(d);
   }
