@@ -31,12 +31,13 @@ __device__ __forceinline__ void load8(const T* src, float (&out)[8]) {
 // whole 16-byte rows: kFeatureSplits blocks per (chunk, query head, batch), each over its share of the
 // chunk's tokens, added by atomics (one block per chunk left about 4 blocks per SM at P1 t = 65536,
 // waiting on its loads). Each thread sums a 4 x 4 tile of q^T diag(w) q, staged kQuadTokens tokens
-// at a time.
+// at a time, its rows and columns read as float4: element-wise, 8 shared loads per 16 products (2-way
+// conflicted) bounded the kernel.
 template <class T>
 __global__ void __launch_bounds__(kQuadThreads) weighted_features_kernel(expanse_tensor q, const float* dden, gates g,
                                                                          expanse_problem pb, float scale_p, float* out) {
   static_assert(kQuadTokens * kQuadDim / 8 == kQuadThreads, "one 8-element load per thread stages the tokens");
-  __shared__ float qs[kQuadTokens][kQuadDim + 1];
+  __shared__ __align__(16) float qs[kQuadTokens][kQuadDim + 4];
   __shared__ float ws[kQuadTokens];
   const int split = int(blockIdx.x % kFeatureSplits);
   const int64_t rest = blockIdx.x / kFeatureSplits;
@@ -51,8 +52,8 @@ __global__ void __launch_bounds__(kQuadThreads) weighted_features_kernel(expanse
       const int s = threadIdx.x / (kQuadDim / 8), c8 = (threadIdx.x % (kQuadDim / 8)) * 8;
       float v[8] = {};
       if (s0 + s < end) load8(static_cast<const T*>(q.data) + off4(q, batch, first + s0 + s, qh, c8), v);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) qs[s][c8 + j] = v[j];
+      *reinterpret_cast<float4*>(&qs[s][c8]) = make_float4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<float4*>(&qs[s][c8 + 4]) = make_float4(v[4], v[5], v[6], v[7]);
     }
     if (threadIdx.x < kQuadTokens) {
       const int64_t s = s0 + threadIdx.x, i = first + s;
@@ -66,9 +67,11 @@ __global__ void __launch_bounds__(kQuadThreads) weighted_features_kernel(expanse
     }
     if (a0 > b0 + 3) continue;  // below the diagonal: not stored
     for (int s = 0; s < kQuadTokens; ++s) {
-      float qa[4], qb[4];
-      for (int k = 0; k < 4; ++k) qa[k] = ws[s] * qs[s][a0 + k], qb[k] = qs[s][b0 + k];
+      const float4 a4 = *reinterpret_cast<const float4*>(&qs[s][a0]), b4 = *reinterpret_cast<const float4*>(&qs[s][b0]);
+      const float w = ws[s], qa[4] = {w * a4.x, w * a4.y, w * a4.z, w * a4.w}, qb[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
       for (int x = 0; x < 4; ++x)
+#pragma unroll
         for (int y = 0; y < 4; ++y) acc[x][y] = fmaf(qa[x], qb[y], acc[x][y]);
     }
   }
