@@ -16,7 +16,7 @@ namespace expanse_gpu {
 //   phi(x)^T z = x^T Z x with Z_ab = Z_ba = c_ab z_(a,b) / 2 off the diagonal.
 // Both kernels take d = 64 (kQuadDim) and go through the 64 x 64 matrix, not the D table rows. For p = 1
 // phi is the identity (D = d): weighted_features_kernel's sum is q^T w.
-constexpr int kQuadDim = 64, kQuadThreads = 256, kQuadTokens = 32, kCotangentTokens = 128, kFeatureSplits = 4;
+constexpr int kQuadDim = 64, kQuadThreads = 256, kQuadTokens = 32, kCotangentTokens = 256, kFeatureSplits = 4;
 
 // 8 consecutive elements of a b16 row (16-byte aligned) as floats.
 template <class T>
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kCotangentTokens)
     query_cotangents_kernel(expanse_tensor q, expanse_tensor dout, expanse_tensor o, expanse_tensor l, expanse_tensor rowmax,
                             const float* z, gates g, expanse_problem pb, float scale_p, int tiles, float* rden, float* dden,
                             float* weight) {
-  __shared__ __align__(16) float zs[kQuadDim][kQuadDim];
+  __shared__ __align__(16) float zs[kQuadDim][kQuadDim + 4];  // rows padded: the mirrored stores spread over banks
   const int tile = int(blockIdx.x % tiles);
   const token_row at = split_row(blockIdx.x / tiles, pb.n, pb.hq);  // (batch, chunk, query head)
   const int64_t qh = at.head, m = at.tok, batch = at.batch;
@@ -113,9 +113,13 @@ __global__ void __launch_bounds__(kCotangentTokens)
   const bool with_state = pb.normalize && z;
   if (with_state) {
     const float* zm = z + ((batch * pb.n + m) * pb.h + kv) * pb.D;
+    // Each stored entry (a <= b, consecutive in b) read once and mirrored.
     for (int x = threadIdx.x; x < kQuadDim * kQuadDim; x += blockDim.x) {
       const int a = x / kQuadDim, b = x % kQuadDim;
-      zs[a][b] = (a == b ? 1.f : 0.5f) * sympow2_coef(a, b) * zm[sympow2_row(kQuadDim, min(a, b), max(a, b))];
+      if (a > b) continue;
+      const float v = zm[sympow2_row(kQuadDim, a, b)];
+      if (a == b) zs[a][a] = v;
+      else zs[a][b] = zs[b][a] = 0.5f * sympow2_coef(a, b) * v;
     }
   }
   __syncthreads();
