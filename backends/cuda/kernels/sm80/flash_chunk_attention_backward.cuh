@@ -207,74 +207,83 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
     const T* qs = qs0 + buf * kRows * kKS;
     const T* ds = ds0 + buf * kRows * kVS;
     const float4* rows = rows0 + buf * kRows;
-    // S^T = K Q^T and V dout^T for this warp's 16 keys and the 64 queries.
-    float st[8][4], dpt[8][4];
-    // This warp's 16 keys and values as A fragments, loaded again for each block: kept in registers
-    // across the blocks they took 32 of the 168 and pushed the loop into spilling (368 bytes).
-    {
-      uint32_t ka[DH / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < DH / 16; ++kk) ldmatrix_x4(ka[kk], ks + (warp * 16 + (lane & 15)) * kKS + kk * 16 + (lane >> 4) * 8);
-      rows_times_rows<T, DH>(st, ka, qs, kKS, lane);
-    }
-    {
-      uint32_t va[E / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < E / 16; ++kk) ldmatrix_x4(va[kk], vs + (warp * 16 + (lane & 15)) * kVS + kk * 16 + (lane >> 4) * 8);
-      rows_times_rows<T, E>(dpt, va, ds, kVS, lane);
-    }
-    // (r A)^T and B^T, packed as A fragments over the queries (k16 slice kk = n-tiles 2kk, 2kk+1),
-    // and the sums of A M by query (over this CTA's keys, added to row_am) and by key.
-    uint32_t aa[4][4], ba[4][4];
-    float am_rows[8];  // this thread's sums of A M over its keys, by row of four n-tiles
     float* row_am = P.row_am + (batch * P.t + first + q0) * P.hq + qh;
+    // The block's 64 queries in two halves of 32 (kHalfTiles n-tiles each): S^T and dP^T for all 64 at
+    // once held 64 registers of the 168 and the loop spilled 152 bytes.
+    constexpr int kHalfTiles = kRows / 16;
+#pragma unroll 1
+    for (int half = 0; half < 2; ++half) {
+      const T* qh_rows = qs + half * (kRows / 2) * kKS;
+      const T* dh_rows = ds + half * (kRows / 2) * kVS;
+      // S^T = K Q^T and V dout^T for this warp's 16 keys and the half's 32 queries. This warp's 16
+      // keys and values as A fragments, loaded again for each half: kept in registers across the
+      // blocks they took 32 of the 168 and pushed the loop into spilling (368 bytes).
+      float st[kHalfTiles][4], dpt[kHalfTiles][4];
+      {
+        uint32_t ka[DH / 16][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      float a_val[4], b_val[4], am_col[2] = {0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int hf = i >> 1, row = nt * 8 + 2 * tq + (i & 1), key = key_local[hf];
-        const float4 rv = rows[row];  // the same two rows for every hf: loaded once
-        const bool valid = q0 + row >= key && key >= __float_as_int(rv.w);
-        const float s = P.scale * st[nt][i];
-        const float decay = valid ? fast_exp2(rv.x - gkey[hf]) : 0.f;
-        float pw = 1.f;  // s^(p-1)
-#pragma unroll
-        for (int k = 1; k < kP; ++k) pw *= s;
-        const float a = pw * s * decay, mm = fmaf(dpt[nt][i], rv.z, rv.y);
-        a_val[i] = a * rv.z;
-        b_val[i] = float(kP) * pw * decay * mm;
-        key_sum[hf] = fmaf(a, mm, key_sum[hf]);
-        am_col[i & 1] = fmaf(a, mm, am_col[i & 1]);
+        for (int kk = 0; kk < DH / 16; ++kk) ldmatrix_x4(ka[kk], ks + (warp * 16 + (lane & 15)) * kKS + kk * 16 + (lane >> 4) * 8);
+        rows_times_rows<T, DH, kHalfTiles>(st, ka, qh_rows, kKS, lane);
       }
-      // The queries' sums over this warp's 16 keys, four n-tiles (eight rows per tq) at a time: the
-      // eight lanes of a tq (g = 0..7) halve the values between them at each of three shuffles, so
-      // that lane g ends with row index g of the eight, added atomically over the CTA's warps and the
-      // other key blocks (48 shuffles and 16 atomics per query block before, one sum per row at a time).
-      am_rows[(nt & 3) * 2 + 0] = am_col[0];
-      am_rows[(nt & 3) * 2 + 1] = am_col[1];
-      if ((nt & 3) == 3) {
-        float w[4], x[2];
-        const bool b2 = (g >> 2) & 1, b1 = (g >> 1) & 1, b0 = g & 1;
+      {
+        uint32_t va[E / 16][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          w[i] = (b2 ? am_rows[i + 4] : am_rows[i]) + __shfl_xor_sync(0xffffffffu, b2 ? am_rows[i] : am_rows[i + 4], 16);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) x[i] = (b1 ? w[i + 2] : w[i]) + __shfl_xor_sync(0xffffffffu, b1 ? w[i] : w[i + 2], 8);
-        const float sum = (b0 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, b0 ? x[0] : x[1], 4);
-        const int row = ((nt & ~3) + (g >> 1)) * 8 + 2 * tq + (g & 1);
-        if (q0 + row < len) atomicAdd(row_am + int64_t(row) * P.hq, sum);
+        for (int kk = 0; kk < E / 16; ++kk) ldmatrix_x4(va[kk], vs + (warp * 16 + (lane & 15)) * kVS + kk * 16 + (lane >> 4) * 8);
+        rows_times_rows<T, E, kHalfTiles>(dpt, va, dh_rows, kVS, lane);
       }
-      aa[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(a_val[0], a_val[1]);
-      aa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(a_val[2], a_val[3]);
-      ba[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(b_val[0], b_val[1]);
-      ba[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(b_val[2], b_val[3]);
-      // B^T rows are this warp's keys, columns the queries.
-      *reinterpret_cast<uint32_t*>(bts + (warp * 16 + g) * kBS + nt * 8 + 2 * tq) = ba[nt >> 1][(nt & 1) * 2];
-      *reinterpret_cast<uint32_t*>(bts + (warp * 16 + g + 8) * kBS + nt * 8 + 2 * tq) = ba[nt >> 1][(nt & 1) * 2 + 1];
+      // (r A)^T and B^T, packed as A fragments over the half's queries (k16 slice kk = n-tiles 2kk,
+      // 2kk+1), and the sums of A M by query (over this CTA's keys, added to row_am) and by key.
+      uint32_t aa[kHalfTiles / 2][4], ba[kHalfTiles / 2][4];
+      float am_rows[8];  // this thread's sums of A M over its keys, by row of four n-tiles
+#pragma unroll
+      for (int ht = 0; ht < kHalfTiles; ++ht) {
+        const int nt = half * kHalfTiles + ht;  // the n-tile within the block
+        float a_val[4], b_val[4], am_col[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int hf = i >> 1, row = nt * 8 + 2 * tq + (i & 1), key = key_local[hf];
+          const float4 rv = rows[row];  // the same two rows for every hf: loaded once
+          const bool valid = q0 + row >= key && key >= __float_as_int(rv.w);
+          const float s = P.scale * st[ht][i];
+          const float decay = valid ? fast_exp2(rv.x - gkey[hf]) : 0.f;
+          float pw = 1.f;  // s^(p-1)
+#pragma unroll
+          for (int k = 1; k < kP; ++k) pw *= s;
+          const float a = pw * s * decay, mm = fmaf(dpt[ht][i], rv.z, rv.y);
+          a_val[i] = a * rv.z;
+          b_val[i] = float(kP) * pw * decay * mm;
+          key_sum[hf] = fmaf(a, mm, key_sum[hf]);
+          am_col[i & 1] = fmaf(a, mm, am_col[i & 1]);
+        }
+        // The queries' sums over this warp's 16 keys, four n-tiles (eight rows per tq) at a time: the
+        // eight lanes of a tq (g = 0..7) halve the values between them at each of three shuffles, so
+        // that lane g ends with row index g of the eight, added atomically over the CTA's warps and the
+        // other key blocks (48 shuffles and 16 atomics per query block before, one sum per row at a time).
+        am_rows[(nt & 3) * 2 + 0] = am_col[0];
+        am_rows[(nt & 3) * 2 + 1] = am_col[1];
+        if ((nt & 3) == 3) {
+          float w[4], x[2];
+          const bool b2 = (g >> 2) & 1, b1 = (g >> 1) & 1, b0 = g & 1;
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            w[i] = (b2 ? am_rows[i + 4] : am_rows[i]) + __shfl_xor_sync(0xffffffffu, b2 ? am_rows[i] : am_rows[i + 4], 16);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) x[i] = (b1 ? w[i + 2] : w[i]) + __shfl_xor_sync(0xffffffffu, b1 ? w[i] : w[i + 2], 8);
+          const float sum = (b0 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, b0 ? x[0] : x[1], 4);
+          const int row = ((nt & ~3) + (g >> 1)) * 8 + 2 * tq + (g & 1);
+          if (q0 + row < len) atomicAdd(row_am + int64_t(row) * P.hq, sum);
+        }
+        aa[ht >> 1][(ht & 1) * 2 + 0] = pack2_f32<T>(a_val[0], a_val[1]);
+        aa[ht >> 1][(ht & 1) * 2 + 1] = pack2_f32<T>(a_val[2], a_val[3]);
+        ba[ht >> 1][(ht & 1) * 2 + 0] = pack2_f32<T>(b_val[0], b_val[1]);
+        ba[ht >> 1][(ht & 1) * 2 + 1] = pack2_f32<T>(b_val[2], b_val[3]);
+        // B^T rows are this warp's keys, columns the queries.
+        *reinterpret_cast<uint32_t*>(bts + (warp * 16 + g) * kBS + nt * 8 + 2 * tq) = ba[ht >> 1][(ht & 1) * 2];
+        *reinterpret_cast<uint32_t*>(bts + (warp * 16 + g + 8) * kBS + nt * 8 + 2 * tq) = ba[ht >> 1][(ht & 1) * 2 + 1];
+      }
+      add_times_tile<T, E, kHalfTiles / 2>(dv, aa, dh_rows, kVS, lane);
+      add_times_tile<T, DH, kHalfTiles / 2>(dk, ba, qh_rows, kKS, lane);
     }
-    add_times_tile<T, E>(dv, aa, ds, kVS, lane);
-    add_times_tile<T, DH>(dk, ba, qs, kKS, lane);
     __syncthreads();  // B^T complete
 
     // dQ for this warp's 16 queries: B (16 queries x 64 keys, read transposed from B^T) times K.

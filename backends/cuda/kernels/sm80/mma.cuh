@@ -157,13 +157,13 @@ __device__ __forceinline__ uint4 mul2x4(const uint4& a, const uint4& b) {
   return make_uint4(mul2<T>(a.x, b.x), mul2<T>(a.y, b.y), mul2<T>(a.z, b.z), mul2<T>(a.w, b.w));
 }
 
-// Warp tile products. c += A B^T: A is this warp's 16 rows over W (as A fragments), B the 64 rows of
-// a [64][W] b16 tile in shared memory (row stride `stride`); c is 16 x 64 as 8 n-tiles.
-template <class T, int W>
-__device__ __forceinline__ void add_rows_times_rows(float (&c)[8][4], const uint32_t (&a)[W / 16][4], const T* b_rows,
+// Warp tile products. c += A B^T: A is this warp's 16 rows over W (as A fragments), B the 8 NT rows
+// of a [8 NT][W] b16 tile in shared memory (row stride `stride`); c is 16 x 8 NT as NT n-tiles.
+template <class T, int W, int NT = 8>
+__device__ __forceinline__ void add_rows_times_rows(float (&c)[NT][4], const uint32_t (&a)[W / 16][4], const T* b_rows,
                                                     int stride, int lane) {
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int kk = 0; kk < W / 16; kk += 2) {
       uint32_t b[4];
@@ -175,22 +175,23 @@ __device__ __forceinline__ void add_rows_times_rows(float (&c)[8][4], const uint
 }
 
 // c = A B^T (as add_rows_times_rows).
-template <class T, int W>
-__device__ __forceinline__ void rows_times_rows(float (&c)[8][4], const uint32_t (&a)[W / 16][4], const T* b_rows,
+template <class T, int W, int NT = 8>
+__device__ __forceinline__ void rows_times_rows(float (&c)[NT][4], const uint32_t (&a)[W / 16][4], const T* b_rows,
                                                 int stride, int lane) {
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) c[nt][i] = 0.f;
-  add_rows_times_rows<T, W>(c, a, b_rows, stride, lane);
+  add_rows_times_rows<T, W, NT>(c, a, b_rows, stride, lane);
 }
 
-// acc (16 x W) += A (16 x 64, as A fragments over the 64) times a [64][W] b16 tile in shared memory.
-template <class T, int W>
-__device__ __forceinline__ void add_times_tile(float (&acc)[W / 8][4], const uint32_t (&a)[4][4], const T* tile,
+// acc (16 x W) += A (16 x 16 KS, as A fragments over the 16 KS) times a [16 KS][W] b16 tile in shared
+// memory.
+template <class T, int W, int KS = 4>
+__device__ __forceinline__ void add_times_tile(float (&acc)[W / 8][4], const uint32_t (&a)[KS][4], const T* tile,
                                                int stride, int lane) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < KS; ++kk) {
     const int brow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
     for (int np = 0; np < W / 16; ++np) {
