@@ -155,8 +155,7 @@ __global__ void __launch_bounds__(kCotangentTokens)
     // dout_i . o_i: dout's rows are whole 16-byte vectors (the implementation's checks), and o's where
     // its layout allows: with a thread per token, element-wise loads touch a line per lane per element.
     const T* o_row = static_cast<const T*>(o.data) + off4(o, batch, i, qh, 0);
-    if (o.strides[3] == 1 && (o.strides[0] | o.strides[1] | o.strides[2]) % 8 == 0 &&
-        reinterpret_cast<uintptr_t>(o.data) % 16 == 0) {
+    if (b16_vector_rows(o)) {
       for (int y8 = 0; y8 < pb.e; y8 += 8) {
         float dv[8], ov[8];
         load8(dout_row + y8, dv);

@@ -75,8 +75,7 @@ __global__ void finish_keys_kernel(expanse_tensor dk, expanse_tensor dv, const f
 // Whether finish_keys_kernel takes dv 8 columns per thread (its dv_vectors), and the threads it then
 // needs (else a lane group per row).
 inline bool finish_keys_vectors(const expanse_tensor& dv, const expanse_problem& pb, bool dv_state, bool with_dk) {
-  return !with_dk && dv_state && dv.dtype == pb.input_dtype && pb.e % 8 == 0 && dv.strides[3] == 1 &&
-         (dv.strides[0] | dv.strides[1] | dv.strides[2]) % 8 == 0 && reinterpret_cast<uintptr_t>(dv.data) % 16 == 0;
+  return !with_dk && dv_state && dv.dtype == pb.input_dtype && pb.e % 8 == 0 && b16_vector_rows(dv);
 }
 inline int64_t finish_keys_threads(const expanse_tensor& dv, bool dv_vectors) {
   const int64_t rows = dv.shape[0] * dv.shape[1] * dv.shape[2];

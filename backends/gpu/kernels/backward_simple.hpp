@@ -67,7 +67,7 @@ __device__ __forceinline__ void store_any(const expanse_tensor& t, int64_t off, 
 // The sum of v over the block (every thread gets it). scratch: kBackwardGroups + 1 floats.
 template <class V>
 __device__ __forceinline__ V block_sum(V v, V* scratch) {
-  for (int o = kLaneGroup / 2; o > 0; o >>= 1) v += shfl_xor_group(v, o);
+  v = lane_group_sum(v);
   __syncthreads();  // scratch may still be read by a previous call
   if (threadIdx.x % kLaneGroup == 0) scratch[threadIdx.x / kLaneGroup] = v;
   __syncthreads();
@@ -298,7 +298,7 @@ constexpr int kScanEntries = 4, kScanFlush = 32;
       cur[k] = decay * cur[k] + x[k];
     }
     if (!boundary) continue;
-    for (int o = kLaneGroup / 2; o > 0; o >>= 1) part += shfl_xor_group(part, o);
+    part = lane_group_sum(part);
     if (threadIdx.x % kLaneGroup == 0) partial[m % kScanFlush][threadIdx.x / kLaneGroup] = part;
     if (m % kScanFlush == 0) {  // chunks m .. m + kScanFlush - 1 are complete
       __syncthreads();

@@ -40,7 +40,7 @@ __global__ void simple_chunk_attention_kernel(attention_inputs in, gates g, expa
         dot_sum part = 0;
         for (int64_t dim = lane; dim < pb.d; dim += kLaneGroup)
           part += dot_sum(load<T>(in.q, qoff + dim * in.q.strides[3])) * dot_sum(load<T>(in.k, koff + dim * in.k.strides[3]));
-        for (int o = kLaneGroup / 2; o > 0; o >>= 1) part += shfl_xor_group(part, o);
+        part = lane_group_sum(part);
         const float dot = static_cast<float>(part * dot_sum(pb.scale));
         if (dot == 0.f) continue;
         const float s = pb.p * logf(fabsf(dot)) + (Gi - g.since_reset(bh, pb.t, j));

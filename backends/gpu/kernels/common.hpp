@@ -40,6 +40,12 @@ __device__ __forceinline__ float loadf(const expanse_tensor& t, int64_t off) {
   return static_cast<const float*>(t.data)[off];
 }
 __device__ __forceinline__ float* ptrf(const expanse_tensor& t, int64_t off) { return static_cast<float*>(t.data) + off; }
+// Whether a 4-d b16 tensor's rows are whole 16-byte vectors (contiguous last dim, strides of 8
+// elements, 16-byte aligned data), so that a thread can read or write 8 elements at once.
+__host__ __device__ inline bool b16_vector_rows(const expanse_tensor& t) {
+  return t.strides[3] == 1 && (t.strides[0] | t.strides[1] | t.strides[2]) % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+}
 
 // ------------------------------------------------------------------ the feature map phi
 // Row r of phi (docs/spec.md): phi_r(x) = coef * x[idx[0]] * ... * x[idx[p-1]]. Built once per call
@@ -159,6 +165,13 @@ struct gates {
 #define EXPANSE_GRID_LOOP(i, count)                                                              \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (count);  \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+// The sum of v over the thread's lane group (every lane gets it).
+template <class V>
+__device__ __forceinline__ V lane_group_sum(V v) {
+  for (int o = kLaneGroup / 2; o > 0; o >>= 1) v += shfl_xor_group(v, o);
+  return v;
+}
 
 // exp of the sum of term(j) over j in [lo, hi), summed by the block's first 32 threads and handed to
 // every thread through `share` (a decay over chunks, loaded once per block rather than carried by

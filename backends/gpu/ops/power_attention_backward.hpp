@@ -38,8 +38,7 @@ forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan
                                        launch_context& lc, update_state_launcher update = nullptr);
 
 // The gates' boundary terms [b,h,n] in f64 (reverse_scan_kernel), taken from the workspace where the
-// call wants
-// dlog_g and has state cotangents; null otherwise.
+// call wants dlog_g and has state cotangents; null otherwise.
 double* take_boundary_sums(const expanse_op& op, const backward_plan& plan, workspace& ws);
 
 // The reverse scan of the state cotangents over st.dY, st.dZ (chunk inputs in place, or summed over the

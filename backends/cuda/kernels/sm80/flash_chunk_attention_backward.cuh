@@ -213,8 +213,8 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
     constexpr int kHalfTiles = kRows / 16;
 #pragma unroll 1
     for (int half = 0; half < 2; ++half) {
-      const T* qh_rows = qs + half * (kRows / 2) * kKS;
-      const T* dh_rows = ds + half * (kRows / 2) * kVS;
+      const T* q_half = qs + half * (kRows / 2) * kKS;
+      const T* dout_half = ds + half * (kRows / 2) * kVS;
       // S^T = K Q^T and V dout^T for this warp's 16 keys and the half's 32 queries. This warp's 16
       // keys and values as A fragments, loaded again for each half: kept in registers across the
       // blocks they took 32 of the 168 and pushed the loop into spilling (368 bytes).
@@ -223,13 +223,13 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
         uint32_t ka[DH / 16][4];
 #pragma unroll
         for (int kk = 0; kk < DH / 16; ++kk) ldmatrix_x4(ka[kk], ks + (warp * 16 + (lane & 15)) * kKS + kk * 16 + (lane >> 4) * 8);
-        rows_times_rows<T, DH, kHalfTiles>(st, ka, qh_rows, kKS, lane);
+        rows_times_rows<T, DH, kHalfTiles>(st, ka, q_half, kKS, lane);
       }
       {
         uint32_t va[E / 16][4];
 #pragma unroll
         for (int kk = 0; kk < E / 16; ++kk) ldmatrix_x4(va[kk], vs + (warp * 16 + (lane & 15)) * kVS + kk * 16 + (lane >> 4) * 8);
-        rows_times_rows<T, E, kHalfTiles>(dpt, va, dh_rows, kVS, lane);
+        rows_times_rows<T, E, kHalfTiles>(dpt, va, dout_half, kVS, lane);
       }
       // (r A)^T and B^T, packed as A fragments over the half's queries (k16 slice kk = n-tiles 2kk,
       // 2kk+1), and the sums of A M by query (over this CTA's keys, added to row_am) and by key.
@@ -281,8 +281,8 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
         *reinterpret_cast<uint32_t*>(bts + (warp * 16 + g) * kBS + nt * 8 + 2 * tq) = ba[ht >> 1][(ht & 1) * 2];
         *reinterpret_cast<uint32_t*>(bts + (warp * 16 + g + 8) * kBS + nt * 8 + 2 * tq) = ba[ht >> 1][(ht & 1) * 2 + 1];
       }
-      add_times_tile<T, E, kHalfTiles / 2>(dv, aa, dh_rows, kVS, lane);
-      add_times_tile<T, DH, kHalfTiles / 2>(dk, ba, qh_rows, kKS, lane);
+      add_times_tile<T, E, kHalfTiles / 2>(dv, aa, dout_half, kVS, lane);
+      add_times_tile<T, DH, kHalfTiles / 2>(dk, ba, q_half, kKS, lane);
     }
     __syncthreads();  // B^T complete
 
