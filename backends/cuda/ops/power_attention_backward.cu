@@ -110,6 +110,9 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
   float* am_q = lc.ws.take<float>(size_t(qrows));
   float* am_k = lc.ws.take<float>(size_t(krows));
   double* boundary = take_boundary_sums(op, plan, lc.ws);
+  // The state pullbacks' split tiles, dk's then dq's in the same buffer.
+  void* pullback_tiles =
+      plan.forward_states || plan.cotangent_states ? lc.ws.take<unsigned char>(state_pullback_workspace(pb, kProduct)) : nullptr;
 
   // 1. The forward sweep.
   // The blocked wgmma kernels where the implementation is "wgmma" and p = 2, else the sm_80 ones.
@@ -217,7 +220,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
     dv_state = b16_view(lc.ws.take<unsigned char>(size_t(krows * pb.e) * 2), pb.input_dtype, {pb.b, pb.t, pb.h, pb.e}, dev);
     if (!sizing && krows > 0)
       launch_state_pullback({a.k, 1.f, a.v, nullptr, nullptr, &st.dY, &st.dZ, shared.g.keys(), true, pb.h, sum_k, am_k,
-                             a.dk, 1.f, w.kdk, kProduct},
+                             a.dk, 1.f, w.kdk, kProduct, pullback_tiles},
                             pb, lc);
     // phi(k_j)^T dY_{m+1}, with both operands split like the cotangent states' sums (a b16 rounding of
     // either is magnified the same way).
@@ -236,7 +239,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
   // dq's state term.
   if (!sizing && st.S.data && qrows > 0)
     launch_state_pullback({a.q, scale, a.dout, w.rden, st.z.data ? w.dden : nullptr, &st.S, &st.z, shared.g, false,
-                           pb.hq, sum_q, am_q, a.dq, scale, w.qdq, kProduct},
+                           pb.hq, sum_q, am_q, a.dq, scale, w.qdq, kProduct, pullback_tiles},
                           pb, lc);
   if (sizing) return;
 

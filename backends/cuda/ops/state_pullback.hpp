@@ -31,8 +31,13 @@ struct state_pullback {
   float grad_scale;
   float* dot;  // [b,t,H] f32, written
   pullback_product product;
+  void* tiles;  // state_pullback_workspace(pb, product) bytes: M and z as the kernel's split tiles
 };
 
+// The workspace of one pullback: the state of every chunk and kv head as b16 tiles hi + lo and their z
+// entries (0.6 MB per chunk and head at p = 2, d = e = 64).
+size_t state_pullback_workspace(const expanse_problem& pb, pullback_product product);
+// Splits the state into tiles (a pass over M and z), then runs the pullback on them.
 void launch_state_pullback(const state_pullback& s, const expanse_problem& pb, launch_context& lc);
 
 // Why a problem's tokens and layout do not fit the tensor-core backwards built on the pullback ("" if

@@ -54,11 +54,12 @@ void mma_update_state_backward_run(const expanse_op& op, launch_context& lc) {
   expanse_problem qs_pb = step_problem(pb, pb.input_dtype, pb.input_dtype);
   qs_pb.hq = pb.h, qs_pb.gated = 0, qs_pb.scale = 1.0, qs_pb.normalize = 0;
   lc.dispatch.run_step({EXPANSE_OP_QUERY_STATE, &qs, &qs_pb, nullptr}, kValues, plain_steps);
+  void* pullback_tiles = lc.ws.take<unsigned char>(state_pullback_workspace(pb, kProduct));
   if (lc.ws.sizing() || krows == 0) return;
 
   const expanse_tensor dz = tensor_or_empty(a.dz);
   launch_state_pullback({a.k, 1.f, a.v, nullptr, nullptr, a.dS, &dz, g.keys(), true, pb.h, nullptr, nullptr, a.dk, 1.f,
-                         w.kdk, kProduct},
+                         w.kdk, kProduct, pullback_tiles},
                         pb, lc);
   with_b16_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -148,6 +148,22 @@ __device__ __forceinline__ void mul2_split(uint32_t a, uint32_t b, uint32_t& hi,
   lo = reinterpret_cast<const uint32_t&>(l);
 }
 
+// a (b_hi + b_lo) as hi + lo pairs, where b_hi + b_lo is an f32 value split (split2_f32): hi =
+// mul2(a, b_hi), lo = a b_lo + (a b_hi - hi) by two fused multiply-adds (the inner one exact, as in
+// mul2_split; the outer rounds once), so that hi + lo keeps about 16 significant bits of the f32
+// product, like splitting it, in 3 packed instructions per pair where the f32 product and its split
+// take about 12.
+template <class T>
+__device__ __forceinline__ void mul2_split(uint32_t a, uint32_t b_hi, uint32_t b_lo, uint32_t& hi, uint32_t& lo) {
+  using P = typename mma_type<T>::pair;
+  const P& pa = reinterpret_cast<const P&>(a);
+  const P& ph = reinterpret_cast<const P&>(b_hi);
+  const P h = __hmul2(pa, ph);
+  const P l = __hfma2(pa, reinterpret_cast<const P&>(b_lo), __hfma2(pa, ph, __hneg2(h)));
+  hi = reinterpret_cast<const uint32_t&>(h);
+  lo = reinterpret_cast<const uint32_t&>(l);
+}
+
 // Word w (0..3, a compile-time index after unrolling) of a 16-byte vector.
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }
 

@@ -24,9 +24,10 @@
 // - two consumer warpgroups (2 m64 tiles each) form A from the key tile, multiply, release the
 //   buffer on its "empty" barrier, and write the tile's rows of S and z.
 // kSplit (p = 2; the tensor-core power_attention_backward's forward sweep and cotangent states, whose
-// state terms cancel and magnify a b16 rounding): A = w_j phi(k_j) is formed in f32 from an f32 gate
-// row and split into b16 hi + lo, two products per slice against the values as they are (exact in
-// b16), as the sm_80 kernel's kSplit does. With P.weight the producer copies each token's weight
+// state terms cancel and magnify a b16 rounding): A = w_j phi(k_j) as b16 hi + lo, two products per
+// slice against the values as they are (exact in b16), as the sm_80 kernel's kSplit does; the last
+// factor times the f32 gate is split once per token pair, and the mid factor multiplies it in packed
+// b16 arithmetic (mul2_split). With P.weight the producer copies each token's weight
 // into the gate row in place of exp(A - Gc_j).
 //
 // History (docs/performance.md): one CTA per tile with every warp staging and then multiplying, a
@@ -418,18 +419,36 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
       for (int ks = 0; ks < kTok / 16; ++ks) {
         wgmma_wait<kSlots - 1>();  // the group that last read this slot is complete
         const int j = ks / 2, kk = ks % 2, slot = ks % kSlots;
+        if constexpr (kSplit) {
+          // The last factor times its gate in f32, split into hi + lo once for both fragment rows;
+          // then each A pair is the mid factor times that split pair (mul2_split: 3 packed
+          // instructions, where the f32 product of all three and its split took about 13).
+          uint32_t xg_hi[2][2], xg_lo[2][2];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+          for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int hf = q & 1, w = 2 * kk + (q >> 1);
-            if constexpr (kSplit) {  // the product and its gate in f32, then hi + lo
-              const float2 x = unpack2_f32<T>(word_of(last[j][mt], w)), y = unpack2_f32<T>(word_of(mid[j][mt][hf], w));
-              split2_f32<T>(x.x * y.x * gf[j][2 * w], x.y * y.y * gf[j][2 * w + 1], a[slot][mt][q], a_lo[slot][mt][q]);
-            } else {
+            for (int wi = 0; wi < 2; ++wi) {
+              const int w = 2 * kk + wi;
+              const float2 x = unpack2_f32<T>(word_of(last[j][mt], w));
+              split2_f32<T>(x.x * gf[j][2 * w], x.y * gf[j][2 * w + 1], xg_hi[mt][wi], xg_lo[mt][wi]);
+            }
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const int hf = q & 1, wi = q >> 1;
+              mul2_split<T>(word_of(mid[j][mt][hf], 2 * kk + wi), xg_hi[mt][wi], xg_lo[mt][wi], a[slot][mt][q],
+                            a_lo[slot][mt][q]);
+            }
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const int hf = q & 1, w = 2 * kk + (q >> 1);
               a[slot][mt][q] = mul2<T>(word_of(last[j][mt], w), word_of(mid[j][mt][hf], w));
             }
-          }
+        }
         wgmma_fence();
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {

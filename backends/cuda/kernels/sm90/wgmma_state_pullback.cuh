@@ -19,7 +19,12 @@ struct wgmma_pullback_tiles {
   static constexpr int kKStride = 64 * 8 + 8;  // elements from one 8-column block to the next
   static constexpr int kElems = E / 8 * kKStride;
   __device__ static int offset(int tr, int col) { return (col / 8) * kKStride + (tr / 8) * 64 + (tr % 8) * 8 + col % 8; }
-  // The tile's generic-proxy stores become visible to the tensor cores after the barrier.
+  // The row and first column of the tile's 8-element run c (offset 8 c); false: padding.
+  __device__ static bool run_at(int c, int& tr, int& col) {
+    tr = c % (kKStride / 8), col = c / (kKStride / 8) * 8;
+    return tr < 64;
+  }
+  // The tile's copies become visible to the tensor cores after the barrier.
   __device__ static void before_barrier() { fence_async_shared(); }
   // Issues the products; product_finish waits for them (the kernel splits the next tile between).
   __device__ static void product_start(float (&u)[8][4], const uint32_t (&xa)[E / 16][4], const T* hi, const T* lo, int) {
