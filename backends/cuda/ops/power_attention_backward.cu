@@ -13,8 +13,8 @@
 //      split into b16 hi + lo like the forward sweep, and a feature sum for dden (their z part;
 //      gpu/kernels/backward_chunked.hpp), then the reverse scan -> dY_{m+1}, dZ_{m+1} per chunk, and
 //      the gates' boundary terms
-//   6. dk's state term (ops/state_pullback.hpp), dv's as query_state of k against dY_{m+1} with split
-//      operands, dq's (the pullback of S_m, z_m)
+//   6. dk's state term (ops/state_pullback.hpp), dv's as phi(k)^T dY_{m+1} with split operands (on
+//      sm_90a from the split tiles of dY that dk's pullback made), dq's (the pullback of S_m, z_m)
 //   7. the gradients in their dtypes with q . dq and k . dk: dq and dk by the pullbacks where they ran,
 //      the rest by gpu/kernels/backward_outputs.hpp; then dlog_g chunk by chunk
 //      (gpu/ops/power_attention_backward.cu)
@@ -49,10 +49,8 @@ void launch_blocked_split_update_state(const expanse_tensor& k, const expanse_te
 void launch_weighted_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const float* weight,
                                         const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
                                         bool blocked, launch_context& lc);
-// ops/query_state.cu: query_state with both operands split into b16 hi + lo (dv's state term): the
-// blocked wgmma kernel (p = 2) and the sm_80 one.
-void launch_blocked_query_state(const query_inputs& in, const gates& g, const phi_tables& phi,
-                                const expanse_problem& pb, bool normalize, launch_context& lc);
+// ops/query_state.cu: query_state with both operands split into b16 hi + lo (dv's state term where
+// the keys' pullback tiles do not serve: the sm_80 kernel).
 void launch_split_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,
                               bool normalize, launch_context& lc);
 
@@ -223,17 +221,19 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
                              a.dk, 1.f, w.kdk, kProduct, pullback_tiles},
                             pb, lc);
     // phi(k_j)^T dY_{m+1}, with both operands split like the cotangent states' sums (a b16 rounding of
-    // either is magnified the same way).
+    // either is magnified the same way): on sm_90a at p = 2 from the split tiles of dY that dk's
+    // pullback just made.
     if (!sizing && krows > 0) {
-      query_inputs keys{};
-      keys.q = *a.k, keys.S = st.dY, keys.o = dv_state;
-      expanse_problem qs_pb = plain_problem(pb.h, pb.input_dtype);
-      qs_pb.scale = 1.0;
-      qs_pb.normalize = 0;
-      if (blocked)
-        launch_blocked_query_state(keys, gates{}, shared.phi, qs_pb, false, lc);
-      else
+      if (blocked) {
+        launch_state_tiles_query(*a.k, dv_state, pullback_tiles, pb, lc);
+      } else {
+        query_inputs keys{};
+        keys.q = *a.k, keys.S = st.dY, keys.o = dv_state;
+        expanse_problem qs_pb = plain_problem(pb.h, pb.input_dtype);
+        qs_pb.scale = 1.0;
+        qs_pb.normalize = 0;
         launch_split_query_state(keys, gates{}, shared.phi, qs_pb, false, lc);
+      }
     }
   }
   // dq's state term.

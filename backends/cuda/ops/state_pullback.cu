@@ -2,6 +2,7 @@
 // instantiated.
 #include "kernels/sm80/mma_state_pullback.cuh"
 #include "kernels/sm90/wgmma_state_pullback.cuh"
+#include "kernels/sm90/wgmma_state_tiles_query.cuh"
 #include "ops/state_pullback.hpp"
 
 namespace expanse_cuda {
@@ -67,6 +68,24 @@ void launch_state_pullback(const state_pullback& s, const expanse_problem& pb, l
     else launch(mma_pullback_tiles<T, 64>{});
   });
   check_launch("state pullback");
+}
+
+void launch_state_tiles_query(const expanse_tensor& k, const expanse_tensor& out, const void* tiles,
+                              const expanse_problem& pb, launch_context& lc) {
+  if (pb.p != 2) throw std::logic_error("launch_state_tiles_query: p must be 2");
+  tiles_query_params P{};
+  P.k = k.data, P.k_sb = k.strides[0], P.k_st = k.strides[1], P.k_sh = k.strides[2];
+  P.tiles = tiles, P.out = out;
+  P.t = pb.t, P.c = pb.c, P.n = pb.n, P.h = pb.h;
+  P.token_tiles = int((std::min(pb.c, pb.t) + tiles_query_cfg::kRows - 1) / tiles_query_cfg::kRows);
+  const int64_t ctas = int64_t(P.token_tiles) * pb.n * pb.h * pb.b;
+  if (ctas == 0) return;
+  with_b16_type(pb.input_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    launch_with_smem(state_tiles_query_kernel<T, 64, 64>, ctas, tiles_query_cfg::kThreads, tiles_query_smem<T, 64, 64>(),
+                     lc.stream, P);
+  });
+  check_launch("state tiles query");
 }
 
 }  // namespace expanse_cuda

@@ -39,6 +39,10 @@ struct state_pullback {
 size_t state_pullback_workspace(const expanse_problem& pb, pullback_product product);
 // Splits the state into tiles (a pass over M and z), then runs the pullback on them.
 void launch_state_pullback(const state_pullback& s, const expanse_problem& pb, launch_context& lc);
+// out_j = phi(k_j)^T M [b,t,h,e] (the input dtype) from the tiles the last wgmma pullback of M left
+// in `tiles` (kernels/sm90/wgmma_state_tiles_query.cuh; p = 2, d = e = 64, sm_90a): dv's state term.
+void launch_state_tiles_query(const expanse_tensor& k, const expanse_tensor& out, const void* tiles,
+                              const expanse_problem& pb, launch_context& lc);
 
 // Why a problem's tokens and layout do not fit the tensor-core backwards built on the pullback ("" if
 // they do; the degree is each caller's to check).

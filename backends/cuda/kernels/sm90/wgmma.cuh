@@ -39,6 +39,16 @@ __device__ __forceinline__ uint64_t kmajor_desc(const void* tile, uint32_t k_str
          (uint64_t((n_stride_bytes >> 4) & 0x3FFF) << 32);
 }
 
+// Descriptor of an N-major, unswizzled B tile starting at `tile` (16-byte aligned): core matrices of
+// 8 k rows x 16 bytes (8 n values), each 128 contiguous bytes, `k8_stride_bytes` apart along k and
+// `n8_stride_bytes` apart along n (the canonical MN-major layout without swizzle, whose descriptor
+// fields take these the other way round from the swizzled one below).
+__device__ __forceinline__ uint64_t nmajor_desc(const void* tile, uint32_t k8_stride_bytes, uint32_t n8_stride_bytes) {
+  const uint64_t addr = smem_address(tile);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t((k8_stride_bytes >> 4) & 0x3FFF) << 16) |
+         (uint64_t((n8_stride_bytes >> 4) & 0x3FFF) << 32);
+}
+
 // Descriptor of an N-major B tile with 128- or 64-byte swizzling (`row_bytes`: 128 or 64) starting at
 // `tile` (aligned to 8 rows, 1024 or 512 bytes): K rows of row_bytes holding row_bytes / 2 values of
 // N each, the 16-byte chunks of row k at chunk ^ (the row's address bits 7..), as
