@@ -100,7 +100,7 @@ struct mma_pullback_tiles {
     rows_times_rows<T, E>(u, xa, hi, E + 8, lane);
     add_rows_times_rows<T, E>(u, xa, lo, E + 8, lane);
   }
-  __device__ static void product_finish(float (&)[8][4]) {}
+  __device__ static void product_wait(float (&)[8][4], int) {}
 };
 
 template <class T, int DH, int E, class Tiles>
@@ -194,9 +194,7 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
   const T* tile0 = static_cast<const T*>(P.tiles) + state * kTiles * 2 * Tiles::kElems;
   const float* ztile0 = P.ztiles + state * kTiles * 64;
   auto copy_tile = [&](int tile, int buf) {
-    const T* src = tile0 + int64_t(tile) * 2 * Tiles::kElems;
-    T* dst = hi_of(buf);
-    for (int c = tid; c < 2 * Tiles::kElems / 8; c += kThreads) copy_async<16>(dst + 8 * c, src + 8 * c, true);
+    copy_async_chunks<2 * Tiles::kElems / 8, kThreads>(hi_of(buf), tile0 + int64_t(tile) * 2 * Tiles::kElems, tid);
     if (tid < 16) copy_async<16>(z_of(buf) + 4 * tid, ztile0 + tile * 64 + 4 * tid, true);
     copy_async_commit();
   };
@@ -259,7 +257,8 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
   if constexpr (kP == 1) {  // out = r M x + alpha z itself: one tile, no J_phi
     float u[8][4];
     Tiles::product_start(u, xa, ms, ms + Tiles::kElems, lane);
-    Tiles::product_finish(u);
+    Tiles::product_wait(u, 0);
+    Tiles::product_wait(u, 1);
 #pragma unroll
     for (int k = 0; k < 8; ++k)
 #pragma unroll
@@ -284,7 +283,6 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
         float u[8][4];
         const T* hi = hi_of(buf);
         Tiles::product_start(u, xa, hi, hi + Tiles::kElems, lane);
-        Tiles::product_finish(u);
         const float* zt = z_of(buf);
         // y and out at [row][8 B + 2 tq + j], y at [row][8 A + k] four k at a time, z of the tile's
         // rows k * 8 + 2 tq + j.
@@ -292,7 +290,8 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) yb[hf] = *reinterpret_cast<const float2*>(ys + row[hf] * kYS + B * 8 + 2 * tq);
 #pragma unroll
-        for (int k4 = 0; k4 < 2; ++k4) {
+        for (int k4 = 0; k4 < 2; ++k4) {  // the product's halves: u[4 k4 .. 4 k4 + 3]
+          Tiles::product_wait(u, k4);
           float4 ya[2];
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) ya[hf] = *reinterpret_cast<const float4*>(ys + row[hf] * kYS + A * 8 + 4 * k4);

@@ -114,6 +114,17 @@ __device__ __forceinline__ void wgmma_zero(float (&acc)[MT][N]) {
 }
 
 // The operand lists of m64nNk16 (inline assembly cannot loop over registers); TY is "bf16" or "f16".
+#define EXPANSE_WGMMA_RS_N32(TY, TB)                                                          \
+  asm volatile(                                                                          \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                   \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " "                        \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "  \
+      "{%16, %17, %18, %19}, %20, p, 1, 1, " TB ";\n}\n"                     \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),  \
+        "+f"(d[15])  \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1))
+
 #define EXPANSE_WGMMA_RS_N40(TY, TB)                                                          \
   asm volatile(                                                                          \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %25, 0;\n"                                   \
@@ -181,7 +192,7 @@ __device__ __forceinline__ void wgmma_zero(float (&acc)[MT][N]) {
 // nmajor_swizzled_desc).
 template <class T, int N, bool kNMajorB = false>
 __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t b_desc) {
-  static_assert(N == 40 || N == 64 || N == 72 || N == 136, "wgmma_rs: N must be 40, 64, 72 or 136");
+  static_assert(N == 32 || N == 40 || N == 64 || N == 72 || N == 136, "wgmma_rs: N must be 32, 40, 64, 72 or 136");
 #if EXPANSE_SM90A_DEVICE
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
 #define EXPANSE_WGMMA_RS_CASE(MACRO)                      \
@@ -189,7 +200,9 @@ __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t b
   else if constexpr (bf16) MACRO("bf16", "0");            \
   else if constexpr (kNMajorB) MACRO("f16", "1");         \
   else MACRO("f16", "0");
-  if constexpr (N == 40) {
+  if constexpr (N == 32) {
+    EXPANSE_WGMMA_RS_CASE(EXPANSE_WGMMA_RS_N32)
+  } else if constexpr (N == 40) {
     EXPANSE_WGMMA_RS_CASE(EXPANSE_WGMMA_RS_N40)
   } else if constexpr (N == 64) {
     EXPANSE_WGMMA_RS_CASE(EXPANSE_WGMMA_RS_N64)

@@ -26,22 +26,33 @@ struct wgmma_pullback_tiles {
   }
   // The tile's copies become visible to the tensor cores after the barrier.
   __device__ static void before_barrier() { fence_async_shared(); }
-  // Issues the products; product_finish waits for them (the kernel splits the next tile between).
+  // Issues the products in two groups, the tile's rows 0-31 (u[0..3]) and 32-63 (u[4..7]), so that
+  // the epilogue of the first half runs while the tensor cores multiply the second; product_wait
+  // waits for one half.
   __device__ static void product_start(float (&u)[8][4], const uint32_t (&xa)[E / 16][4], const T* hi, const T* lo, int) {
-    float(&d)[32] = reinterpret_cast<float(&)[32]>(u);
+    // K slice kk starts 2 kk 8-column blocks in, half h 4 h 8-row groups in: the descriptor is the
+    // tile's plus those offsets (in the address field's 16-byte units).
+    const uint64_t hi_desc = kmajor_desc(hi, kKStride * sizeof(T), 128), lo_desc = kmajor_desc(lo, kKStride * sizeof(T), 128);
+    const auto offset_desc = [](int kk, int h) { return uint64_t((kk * 2 * kKStride + h * 32 * 8) * sizeof(T) / 16); };
 #pragma unroll
-    for (int i = 0; i < 32; ++i) d[i] = 0.f;
-    wgmma_pin(d);
-    wgmma_fence();
+    for (int h = 0; h < 2; ++h) {
+      float(&d)[16] = reinterpret_cast<float(&)[16]>(u[4 * h]);
 #pragma unroll
-    for (int kk = 0; kk < E / 16; ++kk) wgmma_rs<T, 64>(d, xa[kk], kmajor_desc(hi + kk * 2 * kKStride, kKStride * sizeof(T), 128));
+      for (int i = 0; i < 16; ++i) d[i] = 0.f;
+      wgmma_pin(d);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < E / 16; ++kk) wgmma_rs<T, 64>(d, xa[kk], kmajor_desc(lo + kk * 2 * kKStride, kKStride * sizeof(T), 128));
-    wgmma_commit();
+      for (int kk = 0; kk < E / 16; ++kk) wgmma_rs<T, 32>(d, xa[kk], hi_desc + offset_desc(kk, h));
+#pragma unroll
+      for (int kk = 0; kk < E / 16; ++kk) wgmma_rs<T, 32>(d, xa[kk], lo_desc + offset_desc(kk, h));
+      wgmma_commit();
+    }
   }
-  __device__ static void product_finish(float (&u)[8][4]) {
-    float(&d)[32] = reinterpret_cast<float(&)[32]>(u);
-    wgmma_wait<0>();
+  // Half h (a compile-time value after unrolling) of u is complete.
+  __device__ static void product_wait(float (&u)[8][4], int h) {
+    float(&d)[16] = reinterpret_cast<float(&)[16]>(u[4 * h]);
+    if (h == 0) wgmma_wait<1>();
+    else wgmma_wait<0>();
     wgmma_pin(d);
   }
 };

@@ -63,11 +63,7 @@ __global__ void __launch_bounds__(256, 2) state_tiles_query_kernel(tiles_query_p
 
   const T* tile0 = static_cast<const T*>(P.tiles) + ((batch * P.n + m) * P.h + kv) * kTiles * kImage;
   auto copy_tile = [&](int tile) {  // one cp.async group, empty past the last tile
-    if (tile < kTiles) {
-      const T* src = tile0 + int64_t(tile) * kImage;
-      T* dst = ring + (tile % kBuffers) * kImage;
-      for (int c = tid; c < kImage / 8; c += kThreads) copy_async<16>(dst + 8 * c, src + 8 * c, true);
-    }
+    if (tile < kTiles) copy_async_chunks<kImage / 8, kThreads>(ring + (tile % kBuffers) * kImage, tile0 + int64_t(tile) * kImage, tid);
     copy_async_commit();
   };
   for (int tile = 0; tile < kAhead; ++tile) copy_tile(tile);
