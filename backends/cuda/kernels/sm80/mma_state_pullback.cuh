@@ -7,9 +7,9 @@
 // For p = 2, phi_(a,b)(y) = c_ab y_a y_b (a <= b; c_ab = sqrt 2 off the diagonal, 1 on it), so
 //   J^T U = sum_(a<=b) c_ab U_(a,b) (y_b e_a + y_a e_b).
 // The features are taken in tiles of 8 x 8 (a in block A, b in block B >= A; on the diagonal blocks
-// the entries with a > b are zero), whose state rows the CTA gathers, scales by c_ab and splits into
-// b16 pairs hi + lo (x is exact in b16, y is f32): c U for the tile is two 16 x 64 x e products per
-// warp, as accurate as f32 states (the gates' gradient sums y . out over a chunk, where a b16 state's
+// the entries with a > b are zero), whose state rows are scaled by c_ab and split into b16 pairs
+// hi + lo (by split_state_tiles_kernel, below; x is exact in b16, y is f32): c U for the tile is two
+// 16 x 64 x e products per warp, as accurate as f32 states (the gates' gradient sums y . out over a chunk, where a b16 state's
 // 2^-9 would add up to 5e-3 at P1). With c in the tile (and in its z entries), zeros where a > b, and
 // r_i applied at the end (the tiles take U_i / r_i = M x_i + (alpha_i / r_i) z), each entry of the
 // product costs the epilogue three instructions: the thread that holds c U_(a,b) for columns b adds

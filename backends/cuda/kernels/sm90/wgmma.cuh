@@ -186,10 +186,10 @@ __device__ __forceinline__ void wgmma_zero(float (&acc)[MT][N]) {
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1))
 
 // d (64 x N, f32) += a (64 x 16, registers) * B (16 x N, shared memory) for N = 40, 72, 136 (e + 8:
-// e columns and one 8-wide tile beside them, for e = 32, 64, 128) and 64 (a state tile's rows in the
-// backward's pullback). B is K-major (core matrices of 8
-// tokens per 16-byte row, kmajor_desc), or N-major with kNMajorB (rows of N-contiguous values,
-// nmajor_swizzled_desc).
+// e columns and one 8-wide tile beside them, for e = 32, 64, 128), 32 (half a state tile's rows in
+// the backward's pullback) and 64 (e columns in the backward's tiles query). B is K-major (core
+// matrices of 8 rows x 16 bytes of k, kmajor_desc), or N-major with kNMajorB (rows of N-contiguous
+// values, nmajor_swizzled_desc or, unswizzled, nmajor_desc).
 template <class T, int N, bool kNMajorB = false>
 __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t b_desc) {
   static_assert(N == 32 || N == 40 || N == 64 || N == 72 || N == 136, "wgmma_rs: N must be 32, 40, 64, 72 or 136");

@@ -1,8 +1,8 @@
 // The state terms of dq and dk (kernels/sm80/mma_state_pullback.cuh) with the tile product on
 // Hopper's warpgroup tensor cores (wgmma, sm_90a): u = x (hi + lo)^T for a warpgroup's 64 tokens is
-// 2 E / 16 m64n64k16 products, x from registers (the mma.sync A fragments), the tile from shared
-// memory, read once per warpgroup where mma.sync reads it once per warp: the ldmatrix traffic that
-// bounded the sm_80 kernel drops 4x.
+// 2 x 2 E / 16 m64n32k16 products (the tile's two halves of rows, a commit group each), x from
+// registers (the mma.sync A fragments), the tile from shared memory, read once per warpgroup where
+// mma.sync reads it once per warp: the ldmatrix traffic that bounded the sm_80 kernel drops 4x.
 #pragma once
 
 #include "kernels/sm80/mma_state_pullback.cuh"
@@ -11,8 +11,9 @@
 namespace expanse_cuda {
 
 // A tile as wgmma's K-major core matrices (8 tile rows x 8 columns, 128 contiguous bytes): the 8
-// core matrices of 8 columns side by side along the rows, then 16 bytes of padding, so that the k
-// blocks start 16 bytes apart in the banks (a warp's stores span 2 rows and all E columns).
+// core matrices of 8 columns side by side along the rows, then 16 bytes of padding (which kept a
+// warp's stores across 2 rows and all E columns apart in the banks when the kernel split its own
+// tiles; the copied images keep the layout, and the tiles query reads them N-major).
 template <class T, int E>
 struct wgmma_pullback_tiles {
   using type = T;
