@@ -128,9 +128,10 @@ template <class T, int DH, int E, int kP, class Tiles>
 __global__ void __launch_bounds__(256) split_state_tiles_kernel(split_tiles_params P) {
   constexpr int kTiles = pullback_cfg::state_tiles<kP, DH>(), kBlocks = DH / 8;
   const int64_t state = blockIdx.x / kTiles;  // (batch, chunk, kv head), kv fastest
-  int ti = blockIdx.x % kTiles, A = 0;
+  const int tile = blockIdx.x % kTiles;
+  int ti = tile, A = 0;
   while (ti >= kBlocks - A) ti -= kBlocks - A, ++A;  // tile (A, B): B - A = what is left
-  const int B = A + ti, tile = blockIdx.x % kTiles;
+  const int B = A + ti;
   const int64_t kv = state % P.h, m = state / P.h % P.n, batch = state / P.h / P.n;
   const float* Mbase = P.M + batch * P.M_sb + m * P.M_sn + kv * P.M_sh;
   T* hi = static_cast<T*>(P.tiles) + (state * kTiles + tile) * 2 * Tiles::kElems;
