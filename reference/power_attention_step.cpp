@@ -1,8 +1,10 @@
-// power_attention_step (docs/spec.md "Recurrent form"): one decoding step, the state updated in place,
-//   S <- exp(log_g) S + phi(k) v^T,   z <- exp(log_g) z + phi(k),
-//   o = phi(scale q)^T S  [/ phi(scale q)^T z]       (with the updated state; 0 where den == 0).
-// Token tensors come as [b,1,heads,dim] or [b,heads,dim] (log_g [b,1,h] or [b,h]); the rank-3 forms
-// are read through a view with a size-1 token dim inserted.
+// power_attention_step (docs/spec.md "Recurrent form"): t decoding tokens, the state updated in place
+// token by token,
+//   S <- exp(log_g_i) S + phi(k_i) v_i^T,   z <- exp(log_g_i) z + phi(k_i),
+//   o_i = phi(scale q_i)^T S  [/ phi(scale q_i)^T z]       (with the updated state; 0 where den == 0).
+// Token tensors come as [b,t,heads,dim], or [b,heads,dim] for one token (log_g [b,t,h] or [b,h]); the
+// rank-3 forms are read through a view with a size-1 token dim inserted. The recurrence, not the
+// chunked form the GPU backends run a multi-token step in: an oracle independent of them.
 #include <cmath>
 #include <stdexcept>
 
@@ -44,25 +46,25 @@ void power_attention_step(const expanse_problem& pb, const expanse_power_attenti
   // One task per (batch, kv head): each owns its slice of S and z.
   parallel_for_index(pb.b * pb.h, [&](int64_t task) {
     const int64_t kv = task % pb.h, bi = task / pb.h;
-    const double g = args.log_g != nullptr ? std::exp(read_element(log_g, element_offset(log_g, {bi, 0, kv})))
-                                           : 1.0;
-    // Read the whole old state first, then write: S and z are updated in place.
+    // Read the whole old state first, write it after the last token: S and z are updated in place.
     RowMatrix S = gather_state(*args.S, {bi, kv});
-    const RowMatrix phik = phi.expand_rows(gather_tokens(k, bi, kv, 0, 1));  // [1 x D]
-    S = g * S + phik.transpose() * gather_tokens(v, bi, kv, 0, 1);
-    scatter_state(*args.S, {bi, kv}, S);
     Vector z;
-    if (args.z != nullptr) {
-      z = g * gather_state_vector(*args.z, {bi, kv}) + phik.row(0).transpose();
-      scatter_state_vector(*args.z, {bi, kv}, z);
+    if (args.z != nullptr) z = gather_state_vector(*args.z, {bi, kv});
+    for (int64_t i = 0; i < pb.t; ++i) {
+      const double g =
+          args.log_g != nullptr ? std::exp(read_element(log_g, element_offset(log_g, {bi, i, kv}))) : 1.0;
+      const RowMatrix phik = phi.expand_rows(gather_tokens(k, bi, kv, i, 1));  // [1 x D]
+      S = g * S + phik.transpose() * gather_tokens(v, bi, kv, i, 1);
+      if (args.z != nullptr) z = g * z + phik.row(0).transpose();
+      for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh) {
+        const RowMatrix phiq = phi.expand_rows(pb.scale * gather_tokens(q, bi, qh, i, 1));  // [1 x D]
+        RowMatrix out = phiq * S;  // [1 x e]
+        if (pb.normalize) divide_rows(out, phiq * z);
+        scatter_tokens(o, bi, qh, i, out);
+      }
     }
-
-    for (int64_t qh = kv * group; qh < (kv + 1) * group; ++qh) {
-      const RowMatrix phiq = phi.expand_rows(pb.scale * gather_tokens(q, bi, qh, 0, 1));  // [1 x D]
-      RowMatrix out = phiq * S;  // [1 x e]
-      if (pb.normalize) divide_rows(out, phiq * z);
-      scatter_tokens(o, bi, qh, 0, out);
-    }
+    scatter_state(*args.S, {bi, kv}, S);
+    if (args.z != nullptr) scatter_state_vector(*args.z, {bi, kv}, z);
   });
 }
 

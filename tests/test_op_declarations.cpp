@@ -99,6 +99,22 @@ TEST_CASE("op declarations: output shapes by the shape rules") {
   auto st = expanse::power_attention_step_args();
   st.q = &sq, st.k = &sk, st.v = &sv, st.S = const_cast<expanse_tensor*>(&S), st.z = const_cast<expanse_tensor*>(&z);
   CHECK(output_shape(EXPANSE_OP_POWER_ATTENTION_STEP, &st, "o") == std::vector<int64_t>{2, 4, 6});
+  // Several tokens keep the axis; a tensor without it is one token and cannot join them.
+  const expanse_tensor tq = view({2, 3, 4, 8}), tk = view({2, 3, 2, 8}), tv = view({2, 3, 2, 6});
+  st.q = &tq, st.k = &tk, st.v = &tv;
+  CHECK(output_shape(EXPANSE_OP_POWER_ATTENTION_STEP, &st, "o") == std::vector<int64_t>{2, 3, 4, 6});
+  st.k = &sk;
+  int32_t step_ndim;
+  int64_t step_shape[EXPANSE_MAX_DIMS];
+  CHECK(expanse_output_shape(EXPANSE_OP_POWER_ATTENTION_STEP, &st, 6, &step_ndim, step_shape, nullptr) ==
+        EXPANSE_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(expanse_last_error()).find("argument 'k' has rank 3: without its token axis it is one token, "
+                                               "but 'q' has t=3") != std::string::npos);
+  st.q = &sq, st.k = &sk, st.v = &tv;
+  CHECK(expanse_output_shape(EXPANSE_OP_POWER_ATTENTION_STEP, &st, 6, &step_ndim, step_shape, nullptr) ==
+        EXPANSE_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(expanse_last_error()).find("argument 'v': dimension 1 (t) must be 1 to match 'q' (one token") !=
+        std::string::npos);
 
   // Inputs are validated first, naming the argument.
   const expanse_tensor bad_v = view({2, 9, 2, 6});

@@ -27,7 +27,8 @@ const registered_list kQueryState(hip_lists(), EXPANSE_OP_QUERY_STATE, {expanse_
 const registered_list kChunkAttention(hip_lists(), EXPANSE_OP_CHUNK_ATTENTION, {expanse_gpu::chunk_attention_simple});
 const registered_list kPowerAttention(hip_lists(), EXPANSE_OP_POWER_ATTENTION, {expanse_gpu::power_attention_chunked});
 const registered_list kPowerAttentionStep(hip_lists(), EXPANSE_OP_POWER_ATTENTION_STEP,
-                                          {expanse_gpu::power_attention_step_streamed, expanse_gpu::power_attention_step_fused});
+                                          {expanse_gpu::power_attention_step_streamed, expanse_gpu::power_attention_step_fused,
+                                           expanse_gpu::power_attention_step_tokens, expanse_gpu::power_attention_step_attention});
 const registered_list kPowerAttentionBackward(hip_lists(), EXPANSE_OP_POWER_ATTENTION_BACKWARD,
                                               {expanse_gpu::power_attention_backward_simple});
 const registered_list kUpdateStateBackward(hip_lists(), EXPANSE_OP_UPDATE_STATE_BACKWARD,

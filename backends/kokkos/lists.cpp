@@ -24,7 +24,8 @@ const registered_list kDiscumsum(kokkos_lists(), EXPANSE_OP_DISCUMSUM, {discumsu
 const registered_list kQueryState(kokkos_lists(), EXPANSE_OP_QUERY_STATE, {query_state_teams});
 const registered_list kChunkAttention(kokkos_lists(), EXPANSE_OP_CHUNK_ATTENTION, {chunk_attention_teams});
 const registered_list kPowerAttention(kokkos_lists(), EXPANSE_OP_POWER_ATTENTION, {power_attention_chunked});
-const registered_list kPowerAttentionStep(kokkos_lists(), EXPANSE_OP_POWER_ATTENTION_STEP, {power_attention_step_teams});
+const registered_list kPowerAttentionStep(kokkos_lists(), EXPANSE_OP_POWER_ATTENTION_STEP,
+                                          {power_attention_step_teams, power_attention_step_attention});
 const registered_list kPowerAttentionBackward(kokkos_lists(), EXPANSE_OP_POWER_ATTENTION_BACKWARD,
                                               {power_attention_backward_chunked});
 const registered_list kUpdateStateBackward(kokkos_lists(), EXPANSE_OP_UPDATE_STATE_BACKWARD, {update_state_backward_teams});

@@ -58,7 +58,7 @@ double flop_count(const h::op_config& c) {
     case expanse::ops::power_attention:
       if (c.c == 0) return tokens * c.hq * intra;
       return tokens * (c.h * state + c.hq * state + c.hq * intra);
-    case expanse::ops::power_attention_step: return double(c.b) * (c.h * state + c.hq * state);
+    case expanse::ops::power_attention_step: return tokens * (c.h * state + c.hq * state);  // the recurrence's
     case expanse::ops::power_attention_backward: {
       // The chunked backward of docs/spec.md: the forward states again (h), the cotangent states (hq),
       // dq from the states (hq), dk and dv from the cotangent states (2h); inside the chunks the scores

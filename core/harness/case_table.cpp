@@ -171,6 +171,7 @@ std::vector<op_config> standard_cases() {
         {expanse::ops::power_attention, EXPANSE_F16, 2, 64, 64, 333, 0, kSympow},
         {expanse::ops::power_attention_step, EXPANSE_F32, 1, 8, 6, 1, 0, kSympow},
         {expanse::ops::power_attention_step, EXPANSE_BF16, 2, 32, 32, 1, 0, tiled(8)},
+        {expanse::ops::power_attention_step, EXPANSE_BF16, 2, 64, 64, 45, 0, kSympow},
     };
     for (const fast& f : reset_cases) {
       op_config c = base(f.op);
@@ -203,6 +204,24 @@ std::vector<op_config> standard_cases() {
   for (expanse_dtype dt : dtypes) {
     op_config c = base(expanse::ops::power_attention_step);
     c.b = 3; c.hq = 2; c.h = 2; c.d = 32; c.e = 32; c.t = 1; c.dtype = dt; c.layout = tiled(8);
+    cases.push_back(c);
+  }
+  // Several tokens at once (speculative decoding), which the GPU backends run as power_attention
+  // from the state: ragged against their chunks, grouped heads, every dtype; P1's head shape.
+  for (expanse_dtype dt : dtypes) {
+    op_config c = base(expanse::ops::power_attention_step);
+    c.b = 2; c.hq = 4; c.h = 2; c.d = 8; c.e = 6; c.t = dt == EXPANSE_F32 ? 37 : 5; c.dtype = dt;
+    cases.push_back(c);
+  }
+  for (int p = 1; p <= 4; ++p) {
+    op_config c = base(expanse::ops::power_attention_step);
+    c.b = 2; c.hq = 2; c.h = 1; c.d = 8; c.e = 6; c.t = 3; c.p = p; c.normalize = p % 2 == 0;
+    c.gated = p != 3;
+    cases.push_back(c);
+  }
+  {
+    op_config c = base(expanse::ops::power_attention_step);
+    c.b = 2; c.hq = c.h = 8; c.d = c.e = 64; c.t = 7; c.dtype = EXPANSE_BF16;
     cases.push_back(c);
   }
 

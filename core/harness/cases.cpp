@@ -168,8 +168,8 @@ std::vector<std::string> words(const char* dims) {
 }
 
 // A tensor's shape for a config by its shape rule. "..." stands for [t] where the rule leads with it
-// (sympow_expand's rows) and for [d, e] where it trails (discumsum's trailing dims); the "1" axis of
-// a decoding step is omitted, as callers may.
+// (sympow_expand's rows) and for [d, e] where it trails (discumsum's trailing dims); the token axis
+// "t?" of a decoding step is omitted for one token, as callers may.
 std::vector<int64_t> shape_for(const op_config& cfg, const char* dims) {
   const std::vector<std::string> w = words(dims);
   std::vector<int64_t> shape;
@@ -178,8 +178,8 @@ std::vector<int64_t> shape_for(const op_config& cfg, const char* dims) {
     if (x == "...") {
       if (i == 0) shape.push_back(cfg.t);
       else shape.insert(shape.end(), {cfg.d, cfg.e});
-    } else if (x == "1") {
-      continue;
+    } else if (x == "t?") {
+      if (cfg.t != 1) shape.push_back(cfg.t);
     } else if (x == "D") {
       shape.push_back(expanse::expanded_dim(cfg.p, cfg.d, cfg.layout));
     } else if (x == "n" || x == "n+1") {

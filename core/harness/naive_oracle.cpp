@@ -399,17 +399,18 @@ struct problem {
     return out;
   }
 
-  // power_attention and its decoding step (t = 1; the state is given and returned as S, z).
+  // power_attention and its decoding step (the state is given and returned as S, z; for one token
+  // the step's tensors have no token axis: [b,hq,d] == [b,1,hq,d]).
   tensor_map attention(bool step) const {
     tensor_map out;
-    const int64_t T = step ? 1 : t;
-    // Step tensors are token tensors with t = 1 ([b,hq,d] == [b,1,hq,d]).
+    const int64_t T = t;
     auto sq = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * hq + hi) * d; };
     auto sk = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * h + hi) * d; };
     auto sv = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * h + hi) * e; };
     const bool has_init = step || cfg.initial_state;
     const std::string Sname = step ? "S" : "initial_S", zname = step ? "z" : "initial_z";
-    host_tensor o = step ? host_tensor::zeros(EXPANSE_F64, {b, hq, e}) : host_tensor::zeros(EXPANSE_F64, {b, t, hq, e});
+    host_tensor o = step && t == 1 ? host_tensor::zeros(EXPANSE_F64, {b, hq, e})
+                                   : host_tensor::zeros(EXPANSE_F64, {b, t, hq, e});
     host_tensor Sf = host_tensor::zeros(EXPANSE_F64, {b, h, D, e});
     host_tensor zf = host_tensor::zeros(EXPANSE_F64, {b, h, D});
     for (int64_t bi = 0; bi < b; ++bi)

@@ -135,14 +135,14 @@ const param_decl kPowerAttentionParams[] = {
 // ---------------------------------------------------------------- power_attention_step
 using power_attention_step = expanse_power_attention_step_args;
 const tensor_decl kPowerAttentionStepTensors[] = {
-    EXPANSE_TENSOR(power_attention_step, q, kIn, kRequired, "b 1 hq d", D::any_float),
-    EXPANSE_TENSOR(power_attention_step, k, kIn, kRequired, "b 1 h d", D::same_as, "q"),
-    EXPANSE_TENSOR(power_attention_step, v, kIn, kRequired, "b 1 h e", D::same_as, "q"),
-    EXPANSE_TENSOR(power_attention_step, log_g, kIn, kOptional, "b 1 h", D::state_float, nullptr, kGates),
+    EXPANSE_TENSOR(power_attention_step, q, kIn, kRequired, "b t? hq d", D::any_float),
+    EXPANSE_TENSOR(power_attention_step, k, kIn, kRequired, "b t? h d", D::same_as, "q"),
+    EXPANSE_TENSOR(power_attention_step, v, kIn, kRequired, "b t? h e", D::same_as, "q"),
+    EXPANSE_TENSOR(power_attention_step, log_g, kIn, kOptional, "b t? h", D::state_float, nullptr, kGates),
     EXPANSE_TENSOR(power_attention_step, S, kInOut, kRequired, "b h D e", D::state_float, nullptr,
                    kState | kInitial | kFinal),
     EXPANSE_TENSOR(power_attention_step, z, kInOut, kOptional, "b h D", D::same_as, "S", kState, nullptr, true),
-    EXPANSE_TENSOR(power_attention_step, o, kOut, kRequired, "b 1 hq e", D::output_of, "v", kPrimary),
+    EXPANSE_TENSOR(power_attention_step, o, kOut, kRequired, "b t? hq e", D::output_of, "v", kPrimary),
 };
 const param_decl kPowerAttentionStepParams[] = {
     EXPANSE_P(power_attention_step, 4),

@@ -37,7 +37,7 @@ std::string dtype_list(unsigned mask) {
 }
 
 // The sizes a shape rule names (expanse_tensor_arg_info::dims).
-enum symbol : int { kB, kT, kHq, kH, kDh, kE, kDphi, kN, kSymbolCount, kNPlus1, kOne, kRest };
+enum symbol : int { kB, kT, kHq, kH, kDh, kE, kDphi, kN, kSymbolCount, kNPlus1, kRest };
 const char* const kSymbolNames[kSymbolCount] = {"b", "t", "hq", "h", "d", "e", "D", "n"};
 const char* const kSymbolMeaning[kSymbolCount] = {
     "batch size b", "sequence length t", "number of query heads hq", "number of key/value heads h",
@@ -48,7 +48,7 @@ struct rule {
   int symbols[EXPANSE_MAX_DIMS + 1];
   int count = 0;
   int rest_at = -1;  // position of "...", -1 when none
-  int one_at = -1;   // position of "1", the axis a tensor may omit
+  int omit_at = -1;  // position of "t?", the token axis a tensor may omit when t = 1
 
   explicit rule(const char* dims) {
     const char* p = dims;
@@ -61,7 +61,7 @@ struct rule {
       int s = -1;
       if (word == "...") s = kRest, rest_at = count;
       else if (word == "n+1") s = kNPlus1;
-      else if (word == "1") s = kOne, one_at = count;
+      else if (word == "t?") s = kT, omit_at = count;
       for (int i = 0; i < kSymbolCount && s < 0; ++i)
         if (word == kSymbolNames[i]) s = i;
       if (s < 0 || count == EXPANSE_MAX_DIMS + 1) fail(EXPANSE_ERROR_INTERNAL, "bad shape rule '%s'", dims);
@@ -74,7 +74,7 @@ struct rule {
     std::string s = "[";
     for (int i = 0; i < count; ++i) {
       const int y = symbols[i];
-      s += (i ? "," : "") + std::string(y < kSymbolCount ? kSymbolNames[y] : y == kNPlus1 ? "n+1" : y == kOne ? "1" : "...");
+      s += (i ? "," : "") + std::string(y < kSymbolCount ? kSymbolNames[y] : y == kNPlus1 ? "n+1" : "...");
     }
     return s + "]";
   }
@@ -247,8 +247,9 @@ class checker {
       pr.n = derived(kN);
     } else if (bound_[kN]) {
       pr.n = value(kN);  // discumsum: its chunks are its inputs'
-    } else if (rule_has_one_) {
-      pr.c = pr.n = 1;  // a decoding step: one token
+    } else if (rule_has_omittable_) {
+      pr.c = std::max<int64_t>(pr.t, 1);  // a decoding step's tokens: one chunk, unless choose_chunk splits them
+      pr.n = pr.t > 0;
     }
     if (rest_bound_) {
       pr.rows = 1;
@@ -258,7 +259,18 @@ class checker {
 
   // power_attention's form and chunk size for EXPANSE_CHUNK_AUTO: asked last, as a backend's rule may
   // look at every other field.
+  // A decoding step of t > 1 tokens runs as power_attention does (docs/spec.md): its chunks by the same rule.
   void choose_chunk(expanse_problem& pr, validated_op& out) const {
+    const bool step = rule_has_omittable_ && !has_chunk();
+    if (step && pr.t > 1) {
+      out.chunk_size = device_->choose_chunk_size(&pr);
+      if (out.chunk_size < 0)
+        fail(EXPANSE_ERROR_INTERNAL, "%s: the backend chose chunk size %lld for %lld tokens", op_.name,
+             (long long)out.chunk_size, (long long)pr.t);
+      pr.c = std::min(out.chunk_size > 0 ? out.chunk_size : pr.t, pr.t);
+      pr.n = chunks(pr.t, pr.c);
+      return;
+    }
     if (!has_chunk() || chunk_check() != param_check::chunk_or_auto) return;
     const int64_t requested = chunk_param();
     out.chunk_size = requested == EXPANSE_CHUNK_AUTO ? device_->choose_chunk_size(&pr) : requested;
@@ -269,8 +281,8 @@ class checker {
     pr.n = chunks(pr.t, pr.c);
   }
 
-  // An output's shape by its rule, from the sizes the inputs bound; for a tensor that may omit its
-  // axis of size 1, omitted when the first input omits it.
+  // An output's shape by its rule, from the sizes the inputs bound; a token axis that tensors may
+  // omit is omitted when the first input omits it.
   int shape_of(int i, int64_t* shape) {
     const rule& r = parsed_.rules[size_t(i)];
     int n = 0;
@@ -278,8 +290,8 @@ class checker {
       const int s = r.symbols[k];
       if (s == kRest) {
         for (int64_t extent : rest_) shape[n++] = extent;
-      } else if (s == kOne) {
-        if (!first_omitted_axis_) shape[n++] = 1;
+      } else if (k == r.omit_at && first_omitted_axis_) {
+        continue;
       } else {
         shape[n++] = s == kNPlus1 ? derived(kN) + 1 : derived(s);
       }
@@ -346,29 +358,33 @@ class checker {
     }
   }
 
-  // A tensor whose rule has an axis "1" may omit it: the view with the axis put back (stride 0).
+  // A tensor whose rule has a token axis "t?" may omit it where t = 1: the view with the axis put
+  // back (size 1, stride 0).
   const expanse_tensor& with_full_rank(const char* name, const expanse_tensor& t, const rule& r, int i,
                                        validated_op* out) {
-    if (r.one_at < 0) return t;
-    rule_has_one_ = true;
+    if (r.omit_at < 0) return t;
+    rule_has_omittable_ = true;
     const bool omitted = t.ndim == r.count - 1;
     if (first_ == nullptr) first_omitted_axis_ = omitted;
     if (!omitted) {
       if (t.ndim != r.count)
-        error("argument '%s' of a decoding step must have rank %d or %d (with t=1), got rank %d", name, r.count - 1,
-              r.count, t.ndim);
+        error("argument '%s' must have rank %d %s, or %d without its token axis (one token), got rank %d", name,
+              r.count, r.text().c_str(), r.count - 1, t.ndim);
       return t;
     }
     expanse_tensor& full = out ? out->canonical_tensors[i] : scratch_[i];
     full = t;
     full.ndim = t.ndim + 1;
-    for (int k = t.ndim - 1; k >= r.one_at; --k) {
+    for (int k = t.ndim - 1; k >= r.omit_at; --k) {
       full.shape[k + 1] = t.shape[k];
       full.strides[k + 1] = t.strides[k];
     }
-    full.shape[r.one_at] = 1;
-    full.strides[r.one_at] = 0;
+    full.shape[r.omit_at] = 1;
+    full.strides[r.omit_at] = 0;
     canonical_[i] = omitted_axis_ = true;
+    if (bound_[kT] && value(kT) != 1)
+      error("argument '%s' has rank %d: without its token axis it is one token, but '%s' has t=%lld", name, t.ndim,
+            from_[kT], (long long)value(kT));
     return full;
   }
 
@@ -423,10 +439,7 @@ class checker {
         continue;
       }
       const int64_t extent = t.shape[axis];
-      if (s == kOne) {
-        if (extent != 1)
-          error("argument '%s' of a decoding step must have t=1 in dimension %d, got %lld", name, axis, (long long)extent);
-      } else if (s == kNPlus1) {
+      if (s == kNPlus1) {
         const int64_t n = derived(kN);
         if (extent != n + 1)
           error("argument '%s': dimension %d (n+1) must be %lld (one more than %s), got %lld (shape %s)", name, axis,
@@ -483,6 +496,7 @@ class checker {
   // Where an expected size comes from, for messages.
   std::string origin(int s) const {
     if (s == kDphi) return "(the expanded dimension for p, d and layout)";
+    if (s == kT && first_omitted_axis_) return "to match '" + std::string(from_[s]) + "' (one token: it has no token axis)";
     if (s == kN && has_chunk()) return "(the number of chunks of chunk_size tokens in t)";
     return "to match '" + std::string(from_[s]) + "'";
   }
@@ -548,7 +562,7 @@ class checker {
   bool rest_bound_ = false;
   const expanse_tensor* first_ = nullptr;
   bool state_seen_ = false;
-  bool rule_has_one_ = false, first_omitted_axis_ = false, omitted_axis_ = false;
+  bool rule_has_omittable_ = false, first_omitted_axis_ = false, omitted_axis_ = false;
   bool canonical_[kMaxTensorArgs]{};
   expanse_tensor scratch_[kMaxTensorArgs]{};  // full views when there is no validated_op to keep them
 };

@@ -253,17 +253,21 @@ def _power_attention_backward_exchange(q, k, v, log_g, o, do, *, initial_state, 
 
 def power_attention_step(q, k, v, log_g=None, *, state, p=2, scale=None, normalize=True, layout="sympow",
                          backend=None, check_finite=None):
-    """One decoding step of power attention: updates the state in place and returns the output of
-    the new token (the recurrent form of docs/spec.md)::
+    """A decoding step of power attention: updates the state in place with t new tokens and returns
+    their outputs (the recurrent form of docs/spec.md), token by token::
 
-        S <- exp(log_g) S + phi(k) v^T        z <- exp(log_g) z + phi(k)
-        o  = phi(scale q)^T S / phi(scale q)^T z      (normalize=False: o = phi(scale q)^T S)
+        S <- exp(log_g_i) S + phi(k_i) v_i^T        z <- exp(log_g_i) z + phi(k_i)
+        o_i = phi(scale q_i)^T S / phi(scale q_i)^T z      (normalize=False: o_i = phi(scale q_i)^T S)
+
+    One token is the usual decoding step; several (t > 1: the draft tokens of speculative decoding,
+    or a prompt appended to a state) give the same as power_attention with the state as its initial
+    and final state, which is how the GPU backends run them.
 
     Args:
-        q: [b, hq, d] (or [b, 1, hq, d]) the new token's queries.
-        k: [b, h, d] (or [b, 1, h, d]).
-        v: [b, h, e] (or [b, 1, h, e]).
-        log_g: optional [b, h] (or [b, 1, h]) log of the decay, float32 (float64 with float64 inputs).
+        q: [b, t, hq, d] the new tokens' queries; for one token also [b, hq, d].
+        k: [b, t, h, d] (or [b, h, d]).
+        v: [b, t, h, e] (or [b, h, e]).
+        log_g: optional [b, t, h] (or [b, h]) log of the decay, float32 (float64 with float64 inputs).
         state: (S, z), S [b, h, D, e] and z [b, h, D], float32 (float64 for float64 inputs), both
             writable and updated in place: e.g. the final state of power_attention(...,
             output_final_state=True), or zeros to start a sequence. z may be None (or S given
@@ -273,13 +277,14 @@ def power_attention_step(q, k, v, log_g=None, *, state, p=2, scale=None, normali
             non-finite outputs and state, and no error.
 
     Returns:
-        o in v's dtype, [b, hq, e] (or [b, 1, hq, e] when q has the token axis), as an array of
-        q's framework.
+        o in v's dtype, [b, t, hq, e] ([b, hq, e] when q has no token axis), as an array of q's
+        framework.
 
     Example::
 
         >>> o, state = expanse.power_attention(q, k, v, log_g, output_final_state=True)
         >>> o_next = expanse.power_attention_step(q_new, k_new, v_new, g_new, state=state)  # q_new [b, hq, d]
+        >>> o_draft = expanse.power_attention_step(q4, k4, v4, g4, state=state)  # 4 draft tokens: [b, 4, hq, d]
     """
     op = "power_attention_step"
     p = _params.degree(op, p)

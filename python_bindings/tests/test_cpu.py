@@ -216,6 +216,33 @@ def test_decoding_continues_power_attention(rng):
         assert naive.rel_error(step, whole[:, i]) <= TIGHT
 
 
+def test_multi_token_step_continues_power_attention(rng):
+    # Draft tokens of speculative decoding: a step of 4 tokens gives what power_attention gives on the
+    # whole sequence and leaves the state it would end with; 0 tokens leave the state as it is.
+    q, k, v = qkv(rng, 2, 13, 4, 2, 5, 3)
+    log_g = gates(rng, 2, 13, 2)
+    whole, final = expanse.power_attention(q, k, v, log_g, output_final_state=True)
+    o, state = expanse.power_attention(q[:, :9], k[:, :9], v[:, :9], log_g[:, :9], output_final_state=True)
+    S_ptr = pointer(state[0])
+    draft = expanse.power_attention_step(q[:, 9:], k[:, 9:], v[:, 9:], log_g[:, 9:], state=state)
+    assert draft.shape == (2, 4, 4, 3)
+    assert naive.rel_error(draft, whole[:, 9:]) <= TIGHT
+    assert naive.rel_error(state[0], final[0]) <= TIGHT and naive.rel_error(state[1], final[1]) <= TIGHT
+    assert pointer(state[0]) == S_ptr
+    S_before = state[0].copy()
+    none = expanse.power_attention_step(q[:, :0], k[:, :0], v[:, :0], log_g[:, :0], state=state)
+    assert none.shape == (2, 0, 4, 3) and np.array_equal(state[0], S_before)
+
+
+def test_multi_token_step_shapes_must_agree(rng):
+    q, k, v = qkv(rng, 1, 3, 2, 2, 4, 4)
+    S, z = random_state(rng, 1, 2, 4, 4, 2)
+    with pytest.raises(expanse.InvalidArgumentError, match="power_attention_step: argument 'k'"):
+        expanse.power_attention_step(q, k[:, 0], v, state=(S, z))  # k of one token, q of three
+    with pytest.raises(expanse.InvalidArgumentError, match="power_attention_step: argument 'v'"):
+        expanse.power_attention_step(q, k, v[:, :2], state=(S, z))
+
+
 @pytest.mark.parametrize("layout", ["sympow", "tensor", "tiled:2", "tiled:3"])
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 6])
 def test_sympow_expand(rng, p, layout):

@@ -97,6 +97,26 @@ def test_decoding_state_in_place(rng):
 
 
 @needs_backend
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_multi_token_step(rng, dtype):
+    # Draft tokens: one step of 5 tokens from a state on a strided view of S (a slice of a larger
+    # buffer) against the f64 reference of the whole sequence.
+    b, t, hq, h, d, e = 2, 40, 4, 2, 64, 64
+    q, k, v = make(rng, (b, t + 5, hq, d), dtype), make(rng, (b, t + 5, h, d), dtype), make(rng, (b, t + 5, h, e), dtype)
+    log_g = log_gates(rng, (b, t + 5, h))
+    _, (S0, z) = expanse.power_attention(q[:, :t], k[:, :t], v[:, :t], log_g[:, :t], output_final_state=True)
+    big = torch.zeros(S0.shape[:-1] + (2 * e,), device=DEV)
+    S = big[..., :e]
+    S.copy_(S0)
+    o = expanse.power_attention_step(q[:, t:], k[:, t:], v[:, t:], log_g[:, t:], state=(S, z))
+    assert o.shape == (b, 5, hq, e) and o.dtype == dtype
+    whole, (ref_S, ref_z) = expanse.power_attention(f64(q), f64(k), f64(v), f64(log_g), output_final_state=True)
+    assert naive.rel_error(f64(o), whole[:, t:]) <= TOL[dtype]
+    assert naive.rel_error(f64(S), ref_S) <= TOL[dtype] * 5 and naive.rel_error(f64(z), ref_z) <= TOL[dtype] * 5
+    assert torch.count_nonzero(big[..., e:]) == 0
+
+
+@needs_backend
 def test_strided_and_grad_tensors(rng):
     """A transposed view either runs through its strides (same pointer, no copy) or is refused
     with a clear error; tensors that require grad are read as they are (forward only)."""

@@ -1,5 +1,6 @@
-// power_attention_step: one decoding token. S <- g S + phi(k) v^T and z <- g z + phi(k) in place,
-// then o = phi(scale q)^T S [/ phi(scale q)^T z] for every query head of the group. Two forms:
+// power_attention_step: decoding tokens. S <- g S + phi(k) v^T and z <- g z + phi(k) in place,
+// then o = phi(scale q)^T S [/ phi(scale q)^T z] for every query head of the group. For one token two
+// forms, for several a third (step_tokens_kernel, below):
 // - streamed (step_stream_kernel): a block per kStreamRows (or fewer) rows of one head's state; phi(k) and
 //   phi(q) of those rows are formed once into shared memory, then every thread streams 4 columns of
 //   its rows (16-byte loads and stores where the layout allows), so that each state entry is read
@@ -71,10 +72,11 @@ __host__ __device__ inline int64_t step_output_column_blocks(const expanse_probl
   return (pb.e + kStepOutputColumns - 1) / kStepOutputColumns;
 }
 
-// o from the row blocks' partials [b,hq][row_blocks][e + 1] (column e: the denominator, written only
+// o from the row blocks' partials [b,hq,t][row_blocks][e + 1] (column e: the denominator, written only
 // where normalized): a lane group per output column adds the row blocks of its column and of the
 // denominator (lanes over the blocks, then a shuffle tree: a fixed order, so deterministic); blocks of
-// kStepOutputColumns columns of one (batch, query head), blockIdx.x = bq * column_blocks + column block. (A thread per output adding the blocks in turn took 20 us at b = 1, twice the state's
+// kStepOutputColumns columns of one (batch, query head, token), blockIdx.x = that row * column_blocks
+// + column block. (A thread per output adding the blocks in turn took 20 us at b = 1, twice the state's
 // pass; a block per (batch, query head), 15 us.)
 template <class T>
 __global__ void __launch_bounds__(kStepOutputThreads)
@@ -82,11 +84,12 @@ __global__ void __launch_bounds__(kStepOutputThreads)
                        int normalize) {
   using sum_t = step_sum_t<T>;
   const int64_t column_blocks = step_output_column_blocks(pb);
-  const int64_t cols = pb.e + 1, bq = blockIdx.x / column_blocks, qh = bq % pb.hq, batch = bq / pb.hq;
+  const int64_t cols = pb.e + 1, row = blockIdx.x / column_blocks, i = row % pb.t, qh = row / pb.t % pb.hq,
+                batch = row / pb.t / pb.hq;
   const int64_t col = (blockIdx.x % column_blocks) * kStepOutputColumns + threadIdx.x / kLaneGroup;
   const int lane = threadIdx.x % kLaneGroup;
   if (col >= pb.e) return;  // whole lane groups leave together
-  const sum_t* part = partial + bq * row_blocks * cols;
+  const sum_t* part = partial + row * row_blocks * cols;
   auto column_sum = [&](int64_t c) {
     sum_t t = 0;
     for (int64_t rb = lane; rb < row_blocks; rb += kLaneGroup) t += part[rb * cols + c];
@@ -95,12 +98,12 @@ __global__ void __launch_bounds__(kStepOutputThreads)
   };
   const sum_t num = column_sum(col), den = normalize ? column_sum(pb.e) : sum_t(1);
   const sum_t out = normalize ? (den != 0 ? num / den : sum_t(0)) : num;
-  if (lane == 0) static_cast<T*>(o.data)[off4(o, batch, 0, qh, col)] = from_f32<T>(float(out));
+  if (lane == 0) static_cast<T*>(o.data)[off4(o, batch, i, qh, col)] = from_f32<T>(float(out));
 }
 
 // The grid of step_output_kernel.
 inline unsigned step_output_blocks(const expanse_problem& pb) {
-  const int64_t blocks = pb.b * pb.hq * step_output_column_blocks(pb);
+  const int64_t blocks = pb.b * pb.hq * pb.t * step_output_column_blocks(pb);
   return static_cast<unsigned>(blocks > 0 ? blocks : 1);  // (an empty block returns at once)
 }
 
@@ -219,6 +222,231 @@ __global__ void __launch_bounds__(kStreamThreads, G == 1 ? 4 : G == 2 ? 3 : 2)
       sum_t t = 0;
       for (int l = 0; l < lane_rows; ++l) t += red[l];
       out[pb.e] = t;
+    }
+  }
+}
+
+// A step of several tokens (t >= 2: speculative decoding's drafts) in one pass over the state, by the
+// chunked form of one chunk from the state S_0 (docs/spec.md): with g_l the gates, P_i = prod_{l <= i}
+// g_l and W_ij = prod_{j < l <= i} g_l (products, so that a reset g = 0 zeroes what is behind it),
+//   S_new = P_{t-1} S_0 + sum_j W_{t-1,j} phi(k_j) v_j^T        (z likewise, with 1 for v_j)
+//   o_i   = P_i phi(q_i)^T S_0 + sum_{j <= i} W_ij (scale q_i . k_j)^p v_j  [/ the same with z and 1]
+// A block takes block_rows rows of one head's state in tiles of kTokensTileRows: per tile it forms
+// phi(k_j) and phi(q_i) of the tile's rows in shared memory, reads each state entry once (kept in
+// shared memory) and writes its new value, then adds the tile's share of phi(q_i)^T S_0 to the
+// outputs (i g, columns) each thread owns, held in registers across the tiles (up to kTokensSlots
+// queries per thread: i g < kTokensSlots x 256 / quads). quads and vec as the streamed kernel's. The
+// next tile's entries are loaded while the outputs and phi are formed. The block's sums are one row
+// block's partials for step_output_kernel; row block 0 adds the pairs' terms. The state is read
+// and written once, as by the one-token kernels, whatever t.
+constexpr int kTokensThreads = 256, kTokensTileRows = 32, kTokensSlots = 4, kTokensBatch = 4;
+
+// Shared memory of step_tokens_kernel, carved in this order (sum_t arrays first: 8-byte aligned).
+template <class T>
+struct step_tokens_smem {
+  int64_t t, tg, d, cols;  // tokens, tokens x query heads of the group, key dim, e + 1
+  __host__ __device__ step_tokens_smem(const expanse_problem& pb)
+      : t(pb.t), tg(pb.t * (pb.hq / pb.h)), d(pb.d), cols(pb.e + 1) {}
+  // vals [t][cols], W_last vals [t][cols], gates [t], P [t], W_last [t], pairs [tg][t], phik [t][rows],
+  // phiq [tg][rows]; then floats: q [tg][d], k [t][d], old [rows][cols].
+  __host__ __device__ int64_t sums() const { return 2 * t * cols + 3 * t + tg * t + (t + tg) * kTokensTileRows; }
+  __host__ __device__ int64_t floats() const { return (tg + t) * d + kTokensTileRows * cols; }
+  __host__ __device__ size_t bytes() const {
+    return size_t(sums()) * sizeof(step_sum_t<T>) + size_t(floats()) * sizeof(float);
+  }
+};
+
+// Three blocks per SM where the sums are f32; f64 sums, for f32 inputs, need the registers of two.
+// (A name of its own: a comma would split HIP's __launch_bounds__ macro.)
+template <class T>
+constexpr int kTokensBlocksPerSM = std::is_same_v<step_sum_t<T>, float> ? 3 : 2;
+
+template <class T>
+__global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
+    step_tokens_kernel(expanse_tensor q, expanse_tensor k, expanse_tensor v, expanse_tensor log_g, expanse_tensor S,
+                       expanse_tensor z, const phi_entry* table, expanse_problem pb, float scale,
+                       step_sum_t<T>* partial, int64_t row_blocks, int block_rows, int quads, int vec) {
+  using sum_t = step_sum_t<T>;
+  extern __shared__ __align__(16) unsigned char step_tokens_shared[];
+  const step_tokens_smem<T> L(pb);
+  // (int: the sizes are bounded by the launcher's shared memory; 64-bit divisions cost ~100 instructions)
+  const int t = int(L.t), tg = int(L.tg), d = int(L.d), cols = int(L.cols), e = int(pb.e), group = int(pb.hq / pb.h);
+  sum_t* const vals = reinterpret_cast<sum_t*>(step_tokens_shared);
+  sum_t* const wv = vals + t * cols;  // W_last[j] vals[j][c]: the update's weights
+  sum_t* const gates = wv + t * cols;
+  sum_t* const P = gates + t;
+  sum_t* const W_last = P + t;
+  sum_t* const pairs = W_last + t;
+  sum_t* const phik = pairs + tg * t;
+  sum_t* const phiq = phik + t * kTokensTileRows;
+  float* const qs = reinterpret_cast<float*>(phiq + tg * kTokensTileRows);
+  float* const ks = qs + tg * d;
+  float* const old = ks + t * d;
+
+  const int tid = threadIdx.x;
+  const int64_t rb = blockIdx.x % row_blocks, bh = blockIdx.x / row_blocks, head = bh % pb.h, batch = bh / pb.h;
+  const int64_t r0 = rb * block_rows, rows = min(int64_t(block_rows), pb.D - r0);
+  // The tokens: queries of the group (row i g), keys, values with a column of ones, gates.
+  for (int x = tid; x < tg * d; x += kTokensThreads) {
+    const int ig = x / d, i = ig / group, g = ig % group;
+    qs[x] = load<T>(q, off4(q, batch, i, head * group + g, x % d));
+  }
+  for (int x = tid; x < t * d; x += kTokensThreads) ks[x] = load<T>(k, off4(k, batch, x / d, head, x % d));
+  for (int x = tid; x < t * cols; x += kTokensThreads) {
+    const int j = x / cols, c = x % cols;
+    vals[x] = c < e ? sum_t(load<T>(v, off4(v, batch, j, head, c))) : sum_t(1);
+  }
+  if (tid == 0) {
+    for (int j = 0; j < t; ++j) gates[j] = log_g.data ? exp(sum_t(loadf(log_g, off3(log_g, batch, j, head)))) : sum_t(1);
+    sum_t prod = 1;
+    for (int i = 0; i < t; ++i) P[i] = prod *= gates[i];
+    prod = 1;
+    for (int j = t - 1; j >= 0; --j) {
+      W_last[j] = prod;
+      prod *= gates[j];
+    }
+  }
+  __syncthreads();
+  for (int x = tid; x < t * cols; x += kTokensThreads) wv[x] = W_last[x / cols] * vals[x];
+  if (rb == 0)  // the pairs' (scale q_i . k_j)^p, j <= i
+    for (int x = tid; x < tg * t; x += kTokensThreads) {
+      const int ig = x / t, j = x % t;
+      sum_t dot = 0;
+      if (j <= ig / group)
+        for (int a = 0; a < d; ++a) dot += sum_t(qs[ig * d + a]) * sum_t(ks[j * d + a]);
+      sum_t power = 1;
+      for (int a = 0; a < pb.p; ++a) power *= sum_t(scale) * dot;
+      pairs[x] = j <= ig / group ? power : sum_t(0);
+    }
+
+  // The outputs this thread owns: (i g, column) = (o / cols, o % cols) for o = tid + m kTokensThreads.
+  // Each thread owns the columns 4 c4 .. 4 c4 + 3 (c4 = 0 also z's), in the update of the tile's rows
+  // rsub + m lane_rows and in the outputs of the queries ig = rsub + s lane_rows (as the streamed
+  // kernel's lanes: no division per entry).
+  const int c4 = tid % quads, lane_rows = kTokensThreads / quads, rsub = tid / quads, col = 4 * c4;
+  const bool zlane = c4 == 0 && z.data != nullptr;
+  sum_t acc[kTokensSlots][4], den[kTokensSlots];
+#pragma unroll
+  for (int m = 0; m < kTokensSlots; ++m) {
+    den[m] = 0;
+    for (int x = 0; x < 4; ++x) acc[m][x] = 0;
+  }
+  // This thread's entries of a tile (rows rsub + u lane_rows: at most kTokensBatch, by the launcher's
+  // e <= 128), loaded a tile ahead.
+  float was[kTokensBatch][4], zwas[kTokensBatch];
+  auto load_tile = [&](int64_t tile) {
+#pragma unroll
+    for (int u = 0; u < kTokensBatch; ++u) {
+      const int j = rsub + u * lane_rows;
+      const int64_t r = r0 + tile + j;
+      zwas[u] = 0.f;
+      for (int x = 0; x < 4; ++x) was[u][x] = 0.f;
+      if (tile + j >= rows || j >= kTokensTileRows) continue;
+      if (vec && col < e) {
+        const float4 w = *reinterpret_cast<const float4*>(ptrf(S, off4(S, batch, head, r, col)));
+        was[u][0] = w.x, was[u][1] = w.y, was[u][2] = w.z, was[u][3] = w.w;
+      } else {
+        for (int x = 0; x < 4; ++x)
+          if (col + x < e) was[u][x] = *ptrf(S, off4(S, batch, head, r, col + x));
+      }
+      if (zlane) zwas[u] = *ptrf(z, off3(z, batch, head, r));
+    }
+  };
+  load_tile(0);
+  for (int64_t tile = 0; tile < rows; tile += kTokensTileRows) {
+    const int tile_rows = static_cast<int>(min(int64_t(kTokensTileRows), rows - tile));
+    __syncthreads();  // the previous tile's phi and old values are read; P, wv, pairs are set
+    for (int x = tid; x < (t + tg) * kTokensTileRows; x += kTokensThreads) {
+      const int which = x / kTokensTileRows, j = x % kTokensTileRows;
+      if (j >= tile_rows) continue;
+      const phi_entry& row = table[r0 + tile + j];
+      if (which < t)
+        phik[x] = phi_value_as<sum_t>(row, pb.p, [&](int a) { return sum_t(ks[which * d + a]); });
+      else
+        phiq[x - t * kTokensTileRows] =
+            phi_value_as<sum_t>(row, pb.p, [&](int a) { return sum_t(scale) * sum_t(qs[(which - t) * d + a]); });
+    }
+    __syncthreads();
+    // Each entry of the tile once: kept as it was, written as it becomes.
+#pragma unroll
+    for (int u = 0; u < kTokensBatch; ++u) {
+      const int j = rsub + u * lane_rows;
+      const int64_t r = r0 + tile + j;
+      if (j >= tile_rows) break;
+      sum_t now[4], znow = P[t - 1] * sum_t(zwas[u]);
+      for (int x = 0; x < 4; ++x) now[x] = P[t - 1] * sum_t(was[u][x]);
+      for (int i = 0; i < t; ++i) {
+        const sum_t f = phik[i * kTokensTileRows + j];
+        for (int x = 0; x < 4; ++x) now[x] += f * wv[i * cols + min(col + x, e)];
+        znow += f * wv[i * cols + e];
+      }
+      if (col < e) {
+        for (int x = 0; x < 4; ++x)
+          if (col + x < e) old[j * cols + col + x] = was[u][x];
+        if (vec) {
+          *reinterpret_cast<float4*>(ptrf(S, off4(S, batch, head, r, col))) =
+              make_float4(float(now[0]), float(now[1]), float(now[2]), float(now[3]));
+        } else {
+          for (int x = 0; x < 4; ++x)
+            if (col + x < e) *ptrf(S, off4(S, batch, head, r, col + x)) = float(now[x]);
+        }
+      }
+      if (zlane) {
+        old[j * cols + e] = zwas[u];
+        *ptrf(z, off3(z, batch, head, r)) = float(znow);
+      }
+    }
+    load_tile(tile + kTokensTileRows);  // in flight through the outputs and the next tile's phi
+    __syncthreads();
+    // This tile's share of phi(q_i)^T S_0 for the thread's queries and columns.
+#pragma unroll
+    for (int m = 0; m < kTokensSlots; ++m) {
+      const int ig = rsub + m * lane_rows;
+      if (ig >= tg) break;
+      for (int j = 0; j < tile_rows; ++j) {
+        const sum_t f = phiq[ig * kTokensTileRows + j];
+        for (int x = 0; x < 4; ++x)
+          if (col + x < e) acc[m][x] += f * sum_t(old[j * cols + col + x]);
+        if (zlane) den[m] += f * sum_t(old[j * cols + e]);
+      }
+    }
+  }
+  // The partials: P_i phi(q_i)^T S_0, plus in row block 0 the pairs' terms, W_ij from j = i down.
+#pragma unroll
+  for (int m = 0; m < kTokensSlots; ++m) {
+    const int ig = rsub + m * lane_rows;
+    if (ig >= tg) break;
+    const int i = ig / group, g = ig % group;
+    sum_t* const out = partial + (((batch * pb.hq + head * group + g) * t + i) * row_blocks + rb) * cols;
+    for (int x = 0; x <= 4; ++x) {  // x = 4: z's column, in lane c4 = 0
+      const int c = x < 4 ? col + x : e;
+      if (x < 4 ? c >= e : !zlane) continue;
+      sum_t value = P[i] * (x < 4 ? acc[m][x] : den[m]);
+      if (rb == 0) {
+        sum_t w = 1;
+        for (int jj = i; jj >= 0; --jj) {
+          value += w * pairs[ig * t + jj] * vals[jj * cols + c];
+          w *= gates[jj];
+        }
+      }
+      out[c] = value;
+    }
+  }
+}
+
+// The multi-token step's copy of the state `from` ([b,h,D,e] or [b,h,D], f32, any strides) into
+// the dense `to` (sdk/step_through_attention.hpp): a block per head, its entries in order.
+constexpr int kCopyStateThreads = 256;
+__global__ void __launch_bounds__(kCopyStateThreads) copy_state_kernel(expanse_tensor from, float* to, bool dense) {
+  const int64_t h = from.shape[1], heads = from.shape[0] * h;
+  const int64_t cols = from.ndim == 4 ? from.shape[3] : 1, col_stride = from.ndim == 4 ? from.strides[3] : 0;
+  const int64_t per_head = from.shape[2] * cols;
+  for (int64_t head = blockIdx.x; head < heads; head += gridDim.x) {
+    const float* src = ptrf(from, (head / h) * from.strides[0] + (head % h) * from.strides[1]);
+    float* dst = to + head * per_head;
+    for (int64_t i = threadIdx.x; i < per_head; i += blockDim.x) {
+      const int64_t row = i / cols;
+      dst[i] = dense ? src[i] : src[row * from.strides[2] + (i - row * cols) * col_stride];
     }
   }
 }

@@ -31,6 +31,10 @@ inline constexpr expanse_sdk::implementation power_attention_chunked{
     power_attention_chunked_run_exchanging};
 EXPANSE_GPU_IMPLEMENTATION(power_attention_step_streamed, "streamed")
 EXPANSE_GPU_IMPLEMENTATION(power_attention_step_fused, "fused")
+// A few tokens (t x query heads per kv head bounded by shared memory) in one pass over the state.
+EXPANSE_GPU_IMPLEMENTATION(power_attention_step_tokens, "tokens")
+// Any number of tokens, as power_attention through the backend's list (sdk/step_through_attention.hpp).
+EXPANSE_GPU_IMPLEMENTATION(power_attention_step_attention, "attention")
 // The gradients, with the forward states made by the lists above.
 EXPANSE_GPU_IMPLEMENTATION(power_attention_backward_simple, "simple")
 EXPANSE_GPU_IMPLEMENTATION(update_state_backward_simple, "simple")

@@ -1,4 +1,4 @@
-// power_attention_step (docs/spec.md, recurrent form): one decoding token, the state in place,
+// power_attention_step (docs/spec.md, recurrent form) of one decoding token, the state in place,
 //   S <- exp(log_g) S + phi(k) v^T,  z <- exp(log_g) z + phi(k),  o = phi(scale q)^T S [/ phi(scale q)^T z]
 // (0 where the denominator is 0). One thread per state row updates it, then one per output entry
 // reduces over the rows. Token tensors come as [b,1,heads,dim] or [b,heads,dim], log_g as [b,1,h]
@@ -53,6 +53,21 @@ void launch_power_attention_step(const Space& space, token_ref q, token_ref k, t
           if (pb.normalize) den += f * z.get(z.at(batch, head, r));
         }
         o.set(batch, qh, col, !pb.normalize ? num : den == 0.f ? 0.f : num / den);
+      });
+}
+
+// The multi-token step's copy of the state `from` (any strides; [b,h,D,e] or [b,h,D], f32) into the
+// dense f32 tensor `to` (sdk/step_through_attention.hpp).
+template <class Space>
+void launch_copy_state(const Space& space, tensor_ref src, const expanse_tensor& from, const expanse_tensor& to) {
+  const int64_t h = from.shape[1], D = from.shape[2], e = from.ndim == 4 ? from.shape[3] : 1;
+  float* const dst = static_cast<float*>(to.data);
+  Kokkos::parallel_for(
+      "expanse::copy_state", Kokkos::RangePolicy<Space>(space, 0, from.shape[0] * h * D * e),
+      KOKKOS_LAMBDA(const int64_t i) {
+        const int64_t col = i % e, r = (i / e) % D, head = (i / (e * D)) % h, batch = i / (e * D * h);
+        dst[i] = src.get(batch * src.stride[0] + head * src.stride[1] + r * src.stride[2] +
+                         (src.ndim == 4 ? col * src.stride[3] : 0));
       });
 }
 

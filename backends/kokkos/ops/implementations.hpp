@@ -21,6 +21,8 @@ EXPANSE_KOKKOS_IMPLEMENTATION(chunk_attention_teams, "teams")
 // The chunked algorithm composed of the kernels above (the quadratic form is one chunk).
 EXPANSE_KOKKOS_IMPLEMENTATION(power_attention_chunked, "chunked")
 EXPANSE_KOKKOS_IMPLEMENTATION(power_attention_step_teams, "teams")
+// Any number of tokens, as power_attention through the list above (sdk/step_through_attention.hpp).
+EXPANSE_KOKKOS_IMPLEMENTATION(power_attention_step_attention, "attention")
 // The gradients (docs/spec.md "Gradients"), power_attention_backward in the chunked form.
 EXPANSE_KOKKOS_IMPLEMENTATION(power_attention_backward_chunked, "chunked")
 EXPANSE_KOKKOS_IMPLEMENTATION(update_state_backward_teams, "teams")

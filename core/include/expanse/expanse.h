@@ -156,9 +156,9 @@ typedef struct expanse_tensor_arg_info {
                        z with normalize=1; validation says which) */
   /* The shape rule: one symbol per dimension, separated by spaces. Sizes: b batch, t tokens, hq
    * query heads, h key/value heads, d key dim, e value dim, D the expanded dim of phi (for p, d and
-   * layout), n chunks (for t and chunk_size), "n+1", "1" (a literal 1; power_attention_step's token
-   * axis, which its tensors may also omit), "..." any number of dimensions (the same wherever it
-   * appears in one op). Every tensor of a call must agree on every symbol. */
+   * layout), n chunks (for t and chunk_size), "n+1", "t?" (power_attention_step's token axis: t, which
+   * its tensors may omit when t = 1), "..." any number of dimensions (the same wherever it appears in
+   * one op). Every tensor of a call must agree on every symbol. */
   const char* dims;
   /* The dtype rule: "float" (f16, bf16, f32 or f64), "f32|f64", "=NAME" (the dtype of tensor NAME)
    * or "=NAME|f64" (NAME's dtype, or f64: the outputs the reference writes as an oracle). */
@@ -314,8 +314,11 @@ typedef struct expanse_power_attention_args {
   expanse_layout layout;
 } expanse_power_attention_args;
 
-/* One decoding step: q [b,hq,d] (or [b,1,hq,d]), k [b,h,d], v [b,h,e], log_g [b,h]; S [b,h,D,e] and
- * z [b,h,D] are updated in place (S <- g S + phi(k) v^T), then o = phi(scale q)^T S [/ phi(scale q)^T z]. */
+/* A decoding step of t new tokens: q [b,t,hq,d], k [b,t,h,d], v [b,t,h,e], log_g [b,t,h] (for one token
+ * also without the token axis: q [b,hq,d], ...); S [b,h,D,e] and z [b,h,D] are updated in place, token
+ * by token (S <- g S + phi(k) v^T), and each token's o = phi(scale q)^T S [/ phi(scale q)^T z] with the
+ * state after it: the same as power_attention with S, z as initial and final state. t > 1 serves
+ * speculative decoding; t = 0 leaves the state as it is. */
 typedef struct expanse_power_attention_step_args {
   const expanse_tensor* q;
   const expanse_tensor* k;
@@ -323,7 +326,7 @@ typedef struct expanse_power_attention_step_args {
   const expanse_tensor* log_g;
   expanse_tensor* S;
   expanse_tensor* z; /* needed when normalize */
-  expanse_tensor* o; /* [b,hq,e] (or [b,1,hq,e]) */
+  expanse_tensor* o; /* [b,t,hq,e] (without the token axis where q has none) */
   int32_t p;
   double scale;
   int32_t normalize;
