@@ -248,8 +248,10 @@ struct step_tokens_smem {
   __host__ __device__ step_tokens_smem(const expanse_problem& pb)
       : t(pb.t), tg(pb.t * (pb.hq / pb.h)), d(pb.d), cols(pb.e + 1) {}
   // vals [t][cols], W_last vals [t][cols], gates [t], P [t], W_last [t], pairs [tg][t], phik [t][rows],
-  // phiq [tg][rows]; then floats: q [tg][d], k [t][d], old [rows][cols].
-  __host__ __device__ int64_t sums() const { return 2 * t * cols + 3 * t + tg * t + (t + tg) * kTokensTileRows; }
+  // phiq [tg][rows], red [threads][5]; then floats: q [tg][d], k [t][d], old [rows][cols].
+  __host__ __device__ int64_t sums() const {
+    return 2 * t * cols + 3 * t + tg * t + (t + tg) * kTokensTileRows + 5 * kTokensThreads;
+  }
   __host__ __device__ int64_t floats() const { return (tg + t) * d + kTokensTileRows * cols; }
   __host__ __device__ size_t bytes() const {
     return size_t(sums()) * sizeof(step_sum_t<T>) + size_t(floats()) * sizeof(float);
@@ -261,7 +263,9 @@ struct step_tokens_smem {
 template <class T>
 constexpr int kTokensBlocksPerSM = std::is_same_v<step_sum_t<T>, float> ? 3 : 2;
 
-template <class T>
+// Slots: the queries a thread takes in the outputs, 1 where t g <= 256 / quads, else kTokensSlots
+// (the registers of one leave three blocks per SM unspilled).
+template <class T, int Slots>
 __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
     step_tokens_kernel(expanse_tensor q, expanse_tensor k, expanse_tensor v, expanse_tensor log_g, expanse_tensor S,
                        expanse_tensor z, const phi_entry* table, expanse_problem pb, float scale,
@@ -279,7 +283,8 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
   sum_t* const pairs = W_last + t;
   sum_t* const phik = pairs + tg * t;
   sum_t* const phiq = phik + t * kTokensTileRows;
-  float* const qs = reinterpret_cast<float*>(phiq + tg * kTokensTileRows);
+  sum_t* const red = phiq + tg * kTokensTileRows;
+  float* const qs = reinterpret_cast<float*>(red + 5 * kTokensThreads);
   float* const ks = qs + tg * d;
   float* const old = ks + t * d;
 
@@ -320,14 +325,21 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
     }
 
   // The outputs this thread owns: (i g, column) = (o / cols, o % cols) for o = tid + m kTokensThreads.
-  // Each thread owns the columns 4 c4 .. 4 c4 + 3 (c4 = 0 also z's), in the update of the tile's rows
-  // rsub + m lane_rows and in the outputs of the queries ig = rsub + s lane_rows (as the streamed
-  // kernel's lanes: no division per entry).
+  // Each thread owns the columns 4 c4 .. 4 c4 + 3 (c4 = 0 also z's; as the streamed kernel's lanes:
+  // no division per entry), in the update of the tile's rows rsub + u lane_rows. In the outputs its row
+  // lane rsub = split il + oig takes the queries ig = oig + m il (il: a power of two >= t g, at most
+  // lane_rows) over the tile's rows split + s splits, so that every thread works whatever t g; the
+  // splits are summed at the end.
   const int c4 = tid % quads, lane_rows = kTokensThreads / quads, rsub = tid / quads, col = 4 * c4;
   const bool zlane = c4 == 0 && z.data != nullptr;
-  sum_t acc[kTokensSlots][4], den[kTokensSlots];
+  int il = lane_rows;  // (more slots than one: t g > lane_rows, so il = lane_rows and one split)
+  if (Slots == 1)
+    for (il = 1; il < tg && il < lane_rows;) il *= 2;
+  const int splits = Slots == 1 ? lane_rows / il : 1, oig = Slots == 1 ? rsub % il : rsub,
+            split = Slots == 1 ? rsub / il : 0;
+  sum_t acc[Slots][4], den[Slots];
 #pragma unroll
-  for (int m = 0; m < kTokensSlots; ++m) {
+  for (int m = 0; m < Slots; ++m) {
     den[m] = 0;
     for (int x = 0; x < 4; ++x) acc[m][x] = 0;
   }
@@ -400,10 +412,11 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
     __syncthreads();
     // This tile's share of phi(q_i)^T S_0 for the thread's queries and columns.
 #pragma unroll
-    for (int m = 0; m < kTokensSlots; ++m) {
-      const int ig = rsub + m * lane_rows;
-      if (ig >= tg) break;
-      for (int j = 0; j < tile_rows; ++j) {
+    for (int m = 0; m < Slots; ++m) {
+      const int ig = oig + m * il;
+      if (m * il >= tg) break;
+      if (ig >= tg) continue;
+      for (int j = split; j < tile_rows; j += splits) {
         const sum_t f = phiq[ig * kTokensTileRows + j];
         for (int x = 0; x < 4; ++x)
           if (col + x < e) acc[m][x] += f * sum_t(old[j * cols + col + x]);
@@ -411,11 +424,25 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
       }
     }
   }
-  // The partials: P_i phi(q_i)^T S_0, plus in row block 0 the pairs' terms, W_ij from j = i down.
+  // The partials: P_i phi(q_i)^T S_0 (the splits' sums added through shared memory), plus in row
+  // block 0 the pairs' terms, W_ij from j = i down.
 #pragma unroll
-  for (int m = 0; m < kTokensSlots; ++m) {
-    const int ig = rsub + m * lane_rows;
-    if (ig >= tg) break;
+  for (int m = 0; m < Slots; ++m) {
+    const int ig = oig + m * il;
+    if (m * il >= tg) break;
+    if (splits > 1) {
+      __syncthreads();  // red is free
+      for (int x = 0; x < 4; ++x) red[5 * tid + x] = acc[m][x];
+      red[5 * tid + 4] = den[m];
+      __syncthreads();
+      if (split == 0)
+        for (int sp = 1; sp < splits; ++sp) {
+          const sum_t* other = red + 5 * ((sp * il + oig) * quads + c4);
+          for (int x = 0; x < 4; ++x) acc[m][x] += other[x];
+          den[m] += other[4];
+        }
+    }
+    if (ig >= tg || split != 0) continue;
     const int i = ig / group, g = ig % group;
     sum_t* const out = partial + (((batch * pb.hq + head * group + g) * t + i) * row_blocks + rb) * cols;
     for (int x = 0; x <= 4; ++x) {  // x = 4: z's column, in lane c4 = 0

@@ -112,10 +112,15 @@ void power_attention_step_tokens_run(const expanse_op& op, launch_context& lc) {
   expanse_tensor none{};
   with_input_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
-    step_tokens_kernel<T><<<static_cast<unsigned>(blocks), kTokensThreads, step_tokens_bytes(pb), lc.stream>>>(
-        *a.q, *a.k, *a.v, a.log_g ? *a.log_g : none, *a.S, a.z ? *a.z : none, table, pb,
-        static_cast<float>(pb.scale), static_cast<step_sum_t<T>*>(partial), row_blocks, block_rows,
-        column_quads(pb), vector_rows(pb, *a.S));
+    const int quads = column_quads(pb);
+    auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(blocks), kTokensThreads, step_tokens_bytes(pb), lc.stream>>>(
+          *a.q, *a.k, *a.v, a.log_g ? *a.log_g : none, *a.S, a.z ? *a.z : none, table, pb,
+          static_cast<float>(pb.scale), static_cast<step_sum_t<T>*>(partial), row_blocks, block_rows, quads,
+          vector_rows(pb, *a.S));
+    };
+    if (pb.t * (pb.hq / pb.h) <= kTokensThreads / quads) launch(step_tokens_kernel<T, 1>);
+    else launch(step_tokens_kernel<T, kTokensSlots>);
     check_launch("power_attention_step tokens");
     step_output_kernel<T><<<step_output_blocks(pb), kStepOutputThreads, 0, lc.stream>>>(
         static_cast<step_sum_t<T>*>(partial), *a.o, pb, row_blocks, pb.normalize);
