@@ -241,18 +241,38 @@ __global__ void __launch_bounds__(kStreamThreads, G == 1 ? 4 : G == 2 ? 3 : 2)
 // and written once, as by the one-token kernels, whatever t.
 constexpr int kTokensThreads = 256, kTokensTileRows = 32, kTokensSlots = 4, kTokensBatch = 4;
 
-// Shared memory of step_tokens_kernel, carved in this order (sum_t arrays first: 8-byte aligned).
+// Four consecutive sums from shared memory, 16-byte aligned: one vector load (two for f64).
+__device__ __forceinline__ void load4(const float* p, float (&w)[4]) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+}
+__device__ __forceinline__ void load4(const double* p, double (&w)[4]) {
+  const double2 a = reinterpret_cast<const double2*>(p)[0], b = reinterpret_cast<const double2*>(p)[1];
+  w[0] = a.x, w[1] = a.y, w[2] = b.x, w[3] = b.y;
+}
+
+// Lanes per state row of 4 columns each (the streamed and tokens kernels): a power of two >= ceil(e / 4),
+// at most 256.
+__host__ __device__ inline int step_column_quads(int64_t e) {
+  int quads = 1;
+  while (4 * quads < e && quads < 256) quads *= 2;
+  return quads;
+}
+
+// Shared memory of step_tokens_kernel, carved in this order: old first and the rows of old, vals and
+// wv `stride` long (a multiple of 4: 16-byte accesses of a column quad; z's column at stride - 4),
+// then the other sum_t arrays and the floats.
 template <class T>
 struct step_tokens_smem {
-  int64_t t, tg, d, cols;  // tokens, tokens x query heads of the group, key dim, e + 1
+  int64_t t, tg, d, stride;  // tokens, tokens x query heads of the group, key dim, row stride
   __host__ __device__ step_tokens_smem(const expanse_problem& pb)
-      : t(pb.t), tg(pb.t * (pb.hq / pb.h)), d(pb.d), cols(pb.e + 1) {}
-  // vals [t][cols], W_last vals [t][cols], gates [t], P [t], W_last [t], pairs [tg][t], phik [t][rows],
-  // phiq [tg][rows], red [threads][5]; then floats: q [tg][d], k [t][d], old [rows][cols].
+      : t(pb.t), tg(pb.t * (pb.hq / pb.h)), d(pb.d), stride(4 * step_column_quads(pb.e) + 4) {}
+  // old [rows][stride] (f32); vals [t][stride], W_last vals [t][stride], gates [t], P [t], W_last [t],
+  // pairs [tg][t], phik [t][rows], phiq [tg][rows], red [threads][5]; floats: q [tg][d], k [t][d].
   __host__ __device__ int64_t sums() const {
-    return 2 * t * cols + 3 * t + tg * t + (t + tg) * kTokensTileRows + 5 * kTokensThreads;
+    return 2 * t * stride + 3 * t + tg * t + (t + tg) * kTokensTileRows + 5 * kTokensThreads;
   }
-  __host__ __device__ int64_t floats() const { return (tg + t) * d + kTokensTileRows * cols; }
+  __host__ __device__ int64_t floats() const { return kTokensTileRows * stride + (tg + t) * d; }
   __host__ __device__ size_t bytes() const {
     return size_t(sums()) * sizeof(step_sum_t<T>) + size_t(floats()) * sizeof(float);
   }
@@ -274,10 +294,12 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
   extern __shared__ __align__(16) unsigned char step_tokens_shared[];
   const step_tokens_smem<T> L(pb);
   // (int: the sizes are bounded by the launcher's shared memory; 64-bit divisions cost ~100 instructions)
-  const int t = int(L.t), tg = int(L.tg), d = int(L.d), cols = int(L.cols), e = int(pb.e), group = int(pb.hq / pb.h);
-  sum_t* const vals = reinterpret_cast<sum_t*>(step_tokens_shared);
-  sum_t* const wv = vals + t * cols;  // W_last[j] vals[j][c]: the update's weights
-  sum_t* const gates = wv + t * cols;
+  const int t = int(L.t), tg = int(L.tg), d = int(L.d), stride = int(L.stride), e = int(pb.e),
+            group = int(pb.hq / pb.h), cols = e + 1, zc = stride - 4;  // cols: the partials' row
+  float* const old = reinterpret_cast<float*>(step_tokens_shared);
+  sum_t* const vals = reinterpret_cast<sum_t*>(old + kTokensTileRows * stride);
+  sum_t* const wv = vals + t * stride;  // W_last[j] vals[j][c]: the update's weights
+  sum_t* const gates = wv + t * stride;
   sum_t* const P = gates + t;
   sum_t* const W_last = P + t;
   sum_t* const pairs = W_last + t;
@@ -286,7 +308,6 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
   sum_t* const red = phiq + tg * kTokensTileRows;
   float* const qs = reinterpret_cast<float*>(red + 5 * kTokensThreads);
   float* const ks = qs + tg * d;
-  float* const old = ks + t * d;
 
   const int tid = threadIdx.x;
   const int64_t rb = blockIdx.x % row_blocks, bh = blockIdx.x / row_blocks, head = bh % pb.h, batch = bh / pb.h;
@@ -297,9 +318,9 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
     qs[x] = load<T>(q, off4(q, batch, i, head * group + g, x % d));
   }
   for (int x = tid; x < t * d; x += kTokensThreads) ks[x] = load<T>(k, off4(k, batch, x / d, head, x % d));
-  for (int x = tid; x < t * cols; x += kTokensThreads) {
-    const int j = x / cols, c = x % cols;
-    vals[x] = c < e ? sum_t(load<T>(v, off4(v, batch, j, head, c))) : sum_t(1);
+  for (int x = tid; x < t * stride; x += kTokensThreads) {
+    const int j = x / stride, c = x % stride;
+    vals[x] = c < e ? sum_t(load<T>(v, off4(v, batch, j, head, c))) : sum_t(c == zc ? 1 : 0);
   }
   if (tid == 0) {
     for (int j = 0; j < t; ++j) gates[j] = log_g.data ? exp(sum_t(loadf(log_g, off3(log_g, batch, j, head)))) : sum_t(1);
@@ -312,7 +333,7 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
     }
   }
   __syncthreads();
-  for (int x = tid; x < t * cols; x += kTokensThreads) wv[x] = W_last[x / cols] * vals[x];
+  for (int x = tid; x < t * stride; x += kTokensThreads) wv[x] = W_last[x / stride] * vals[x];
   if (rb == 0)  // the pairs' (scale q_i . k_j)^p, j <= i
     for (int x = tid; x < tg * t; x += kTokensThreads) {
       const int ig = x / t, j = x % t;
@@ -324,7 +345,6 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
       pairs[x] = j <= ig / group ? power : sum_t(0);
     }
 
-  // The outputs this thread owns: (i g, column) = (o / cols, o % cols) for o = tid + m kTokensThreads.
   // Each thread owns the columns 4 c4 .. 4 c4 + 3 (c4 = 0 also z's; as the streamed kernel's lanes:
   // no division per entry), in the update of the tile's rows rsub + u lane_rows. In the outputs its row
   // lane rsub = split il + oig takes the queries ig = oig + m il (il: a power of two >= t g, at most
@@ -389,12 +409,13 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
       for (int x = 0; x < 4; ++x) now[x] = P[t - 1] * sum_t(was[u][x]);
       for (int i = 0; i < t; ++i) {
         const sum_t f = phik[i * kTokensTileRows + j];
-        for (int x = 0; x < 4; ++x) now[x] += f * wv[i * cols + min(col + x, e)];
-        znow += f * wv[i * cols + e];
+        sum_t w[4];
+        load4(wv + i * stride + col, w);
+        for (int x = 0; x < 4; ++x) now[x] += f * w[x];
+        znow += f * wv[i * stride + zc];
       }
       if (col < e) {
-        for (int x = 0; x < 4; ++x)
-          if (col + x < e) old[j * cols + col + x] = was[u][x];
+        *reinterpret_cast<float4*>(old + j * stride + col) = make_float4(was[u][0], was[u][1], was[u][2], was[u][3]);
         if (vec) {
           *reinterpret_cast<float4*>(ptrf(S, off4(S, batch, head, r, col))) =
               make_float4(float(now[0]), float(now[1]), float(now[2]), float(now[3]));
@@ -404,7 +425,7 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
         }
       }
       if (zlane) {
-        old[j * cols + e] = zwas[u];
+        old[j * stride + zc] = zwas[u];
         *ptrf(z, off3(z, batch, head, r)) = float(znow);
       }
     }
@@ -418,9 +439,10 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
       if (ig >= tg) continue;
       for (int j = split; j < tile_rows; j += splits) {
         const sum_t f = phiq[ig * kTokensTileRows + j];
-        for (int x = 0; x < 4; ++x)
-          if (col + x < e) acc[m][x] += f * sum_t(old[j * cols + col + x]);
-        if (zlane) den[m] += f * sum_t(old[j * cols + e]);
+        const float4 o4 = *reinterpret_cast<const float4*>(old + j * stride + col);  // 0 past e
+        acc[m][0] += f * sum_t(o4.x), acc[m][1] += f * sum_t(o4.y), acc[m][2] += f * sum_t(o4.z),
+            acc[m][3] += f * sum_t(o4.w);
+        if (zlane) den[m] += f * sum_t(old[j * stride + zc]);
       }
     }
   }
@@ -452,7 +474,7 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensBlocksPerSM<T>)
       if (rb == 0) {
         sum_t w = 1;
         for (int jj = i; jj >= 0; --jj) {
-          value += w * pairs[ig * t + jj] * vals[jj * cols + c];
+          value += w * pairs[ig * t + jj] * vals[jj * stride + (x < 4 ? c : zc)];
           w *= gates[jj];
         }
       }

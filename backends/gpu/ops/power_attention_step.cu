@@ -61,13 +61,8 @@ static int rows_per_block(const expanse_problem& pb, const device_props& props, 
   return rows;
 }
 
-// Lanes per state row of 4 columns each: a power of two >= ceil(e / 4), at most kStreamThreads
-// (= kTokensThreads).
-static int column_quads(const expanse_problem& pb) {
-  int quads = 1;
-  while (4 * quads < pb.e && quads < kStreamThreads) quads *= 2;
-  return quads;
-}
+// Lanes per state row of 4 columns each (= kStreamThreads = kTokensThreads at most).
+static int column_quads(const expanse_problem& pb) { return step_column_quads(pb.e); }
 
 // Whether the state's rows are 16-byte aligned runs of e % 4 == 0 floats (float4 access).
 static int vector_rows(const expanse_problem& pb, const expanse_tensor& S) {
