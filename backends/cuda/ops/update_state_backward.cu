@@ -2,7 +2,9 @@
 // and "mma" (sm_80+), which differ in the state pullback's tile product (p = 1 or 2 in the symmetric
 // layout, d = e = 64, f16/bf16 tokens). For key j of chunk m, with w_j = exp(A_m - Gc_j) its weight in the
 // chunk's state:
-//   dv_j = w_j phi(k_j)^T dS_m           query_state (list) of k against dS, weighted by finish_keys_kernel
+//   dv_j = w_j phi(k_j)^T dS_m           weighted by finish_keys_kernel: on sm_90a at p = 2 from the split
+//                                        tiles of dS that dk's pullback makes (both operands split, as
+//                                        power_attention_backward's dv), else query_state (list) of k
 //   dk_j = w_j J_phi(k_j)^T (dS_m v_j + dz_m)     the state pullback (ops/state_pullback.hpp)
 //   dlog_g_l = sum_{j < l in m} k_j . dk_j / p    (w_j holds log_g_l for l > j; phi is p-homogeneous)
 // the same terms as power_attention_backward's keys take from the cotangent of the state after their
@@ -48,12 +50,17 @@ void mma_update_state_backward_run(const expanse_op& op, launch_context& lc) {
   expanse_tensor dv_state =
       b16_view(lc.ws.take<unsigned char>(size_t(krows * pb.e) * 2), pb.input_dtype, {pb.b, pb.t, pb.h, pb.e}, dev);
 
-  // dv's unweighted product phi(k_j)^T dS_m, a step through the query_state list (no scale, no gates).
-  const expanse_query_state_args qs{a.k, a.dS, nullptr, nullptr, nullptr, nullptr, nullptr, &dv_state,
-                                    pb.p, 1.0,   pb.c,  0,       pb.layout};
-  expanse_problem qs_pb = step_problem(pb, pb.input_dtype, pb.input_dtype);
-  qs_pb.hq = pb.h, qs_pb.gated = 0, qs_pb.scale = 1.0, qs_pb.normalize = 0;
-  lc.dispatch.run_step({EXPANSE_OP_QUERY_STATE, &qs, &qs_pb, nullptr}, kValues, plain_steps);
+  // dv's unweighted product phi(k_j)^T dS_m: from the pullback's tiles where they are the blocked
+  // wgmma kernels' (after the pullback, below), else a step through the query_state list (no scale,
+  // no gates).
+  const bool from_tiles = kProduct == pullback_product::wgmma && pb.p == 2;
+  if (!from_tiles) {
+    const expanse_query_state_args qs{a.k, a.dS, nullptr, nullptr, nullptr, nullptr, nullptr, &dv_state,
+                                      pb.p, 1.0,   pb.c,  0,       pb.layout};
+    expanse_problem qs_pb = step_problem(pb, pb.input_dtype, pb.input_dtype);
+    qs_pb.hq = pb.h, qs_pb.gated = 0, qs_pb.scale = 1.0, qs_pb.normalize = 0;
+    lc.dispatch.run_step({EXPANSE_OP_QUERY_STATE, &qs, &qs_pb, nullptr}, kValues, plain_steps);
+  }
   void* pullback_tiles = lc.ws.take<unsigned char>(state_pullback_workspace(pb, kProduct));
   if (lc.ws.sizing() || krows == 0) return;
 
@@ -61,6 +68,7 @@ void mma_update_state_backward_run(const expanse_op& op, launch_context& lc) {
   launch_state_pullback({a.k, 1.f, a.v, nullptr, nullptr, a.dS, &dz, g.keys(), true, pb.h, nullptr, nullptr, a.dk, 1.f,
                          w.kdk, kProduct, pullback_tiles},
                         pb, lc);
+  if (from_tiles) launch_state_tiles_query(*a.k, dv_state, pullback_tiles, pb, lc);
   with_b16_type(pb.input_dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool dv_vectors = finish_keys_vectors(*a.dv, pb, true, false);
