@@ -200,6 +200,11 @@ SEEDS = {
                                                              dlog_g=None, dinitial_S=None, dinitial_z=None),
     "seed-power_attention_step-rank4": step(q=T([b, 1, hq, d]), k=T([b, 1, h, d]), v=T([b, 1, h, e]),
                                             log_g=T([b, 1, h], fill=DECAYS), o=T([b, 1, hq, e])),
+    # Several tokens at once (speculative decoding).
+    "seed-power_attention_step-tokens": step(q=T([b, 3, hq, d]), k=T([b, 3, h, d]), v=T([b, 3, h, e]),
+                                             log_g=T([b, 3, h], fill=DECAYS), o=T([b, 3, hq, e])),
+    "seed-power_attention_step-no-tokens": step(q=T([b, 0, hq, d]), k=T([b, 0, h, d]), v=T([b, 0, h, e]),
+                                                log_g=T([b, 0, h], fill=DECAYS), o=T([b, 0, hq, e])),
 }
 
 # Defects reported in the C ABI (they crashed or misbehaved once); each must now be handled.
