@@ -6,9 +6,16 @@
 // kernels before it decline t != 1.
 #pragma once
 
+#include <string>
+
 #include "sdk/implementation.hpp"
 
 namespace expanse_sdk {
+
+// Why a one-token kernel declines a step of t != 1 tokens (empty for t = 1).
+inline std::string one_token_declines(const expanse_problem& pb) {
+  return pb.t == 1 ? std::string() : "takes one token; t != 1 runs as power_attention (attention)";
+}
 
 // The backend's copy of a state tensor `from` ([b,h,D,e] or [b,h,D], any strides) into `to`, a dense
 // tensor of the same shape and dtype, on lc's stream.

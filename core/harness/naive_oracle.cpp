@@ -403,10 +403,9 @@ struct problem {
   // the step's tensors have no token axis: [b,hq,d] == [b,1,hq,d]).
   tensor_map attention(bool step) const {
     tensor_map out;
-    const int64_t T = t;
-    auto sq = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * hq + hi) * d; };
-    auto sk = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * h + hi) * d; };
-    auto sv = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * T + ti) * h + hi) * e; };
+    auto sq = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * t + ti) * hq + hi) * d; };
+    auto sk = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * t + ti) * h + hi) * d; };
+    auto sv = [&](int64_t bi, int64_t ti, int64_t hi) { return ((bi * t + ti) * h + hi) * e; };
     const bool has_init = step || cfg.initial_state;
     const std::string Sname = step ? "S" : "initial_S", zname = step ? "z" : "initial_z";
     host_tensor o = step && t == 1 ? host_tensor::zeros(EXPANSE_F64, {b, hq, e})
@@ -421,13 +420,13 @@ struct problem {
           if (cfg.normalize) z = in.vec(zname, (bi * h + hi) * D, D);
         }
         const std::vector<real> S0 = S, S0z = z;
-        for (int64_t ti = 0; ti < T; ++ti) {
-          const real g = gated ? std::exp(real(in.at("log_g", (bi * T + ti) * h + hi))) : real(1);
+        for (int64_t ti = 0; ti < t; ++ti) {
+          const real g = gated ? std::exp(real(in.at("log_g", (bi * t + ti) * h + hi))) : real(1);
           advance(S, z, g, sk(bi, ti, hi), sv(bi, ti, hi));
           // o_t from the pairs (see causal_pair_sums), plus the decayed state before token 0.
           for (int64_t qi = hi * r; qi < (hi + 1) * r; ++qi) {
             const std::vector<real> qs = scaled(in.vec("q", sq(bi, ti, qi), d), scale);
-            pair_sums ps = causal_pair_sums(bi, hi, ti, T, qs);
+            pair_sums ps = causal_pair_sums(bi, hi, ti, t, qs);
             if (has_init) {
               const std::vector<real> fq = phi_ext(qs, p, cfg.layout);
               const real w = ps.state_decay;
@@ -440,7 +439,7 @@ struct problem {
             for (int64_t y = 0; y < e; ++y) {
               real v = ps.num[static_cast<size_t>(y)];
               if (cfg.normalize) v = (ps.den == 0.0) ? 0.0 : v / ps.den;
-              o.set(((bi * T + ti) * hq + qi) * e + y, v);
+              o.set(((bi * t + ti) * hq + qi) * e + y, v);
             }
           }
         }

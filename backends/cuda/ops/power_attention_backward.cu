@@ -224,7 +224,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
     // either is magnified the same way): on sm_90a at p = 2 from the split tiles of dY that dk's
     // pullback just made.
     if (!sizing && krows > 0) {
-      if (blocked) {
+      if (tiles_query_takes(kProduct, pb)) {
         launch_state_tiles_query(*a.k, dv_state, pullback_tiles, pb, lc);
       } else {
         query_inputs keys{};

@@ -46,6 +46,12 @@ void launch_state_tiles_query(const expanse_tensor& k, const expanse_tensor& out
 
 // Why a problem's tokens and layout do not fit the tensor-core backwards built on the pullback ("" if
 // they do; the degree is each caller's to check).
+// Whether dv's state term can come from the pullback's split tiles (launch_state_tiles_query): the
+// wgmma product's tile layout, p = 2.
+inline bool tiles_query_takes(pullback_product product, const expanse_problem& pb) {
+  return product == pullback_product::wgmma && pb.p == 2;
+}
+
 inline std::string tensor_core_backward_declines(const expanse_problem& pb) {
   if (pb.input_dtype != EXPANSE_F16 && pb.input_dtype != EXPANSE_BF16) return "inputs must be f16 or bf16";
   if (pb.layout.kind != EXPANSE_LAYOUT_SYMPOW) return "the layout must be the symmetric one";

@@ -53,7 +53,7 @@ void mma_update_state_backward_run(const expanse_op& op, launch_context& lc) {
   // dv's unweighted product phi(k_j)^T dS_m: from the pullback's tiles where they are the blocked
   // wgmma kernels' (after the pullback, below), else a step through the query_state list (no scale,
   // no gates).
-  const bool from_tiles = kProduct == pullback_product::wgmma && pb.p == 2;
+  const bool from_tiles = tiles_query_takes(kProduct, pb);
   if (!from_tiles) {
     const expanse_query_state_args qs{a.k, a.dS, nullptr, nullptr, nullptr, nullptr, nullptr, &dv_state,
                                       pb.p, 1.0,   pb.c,  0,       pb.layout};

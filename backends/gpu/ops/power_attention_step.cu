@@ -32,7 +32,7 @@ void power_attention_step_attention_run(const expanse_op& op, launch_context& lc
 
 std::string power_attention_step_fused_declines(const expanse_op& op, const device_props& props) {
   std::string why = power_attention_step_attention_declines(op, props);
-  if (why.empty() && op.problem->t != 1) why = "takes one token; t != 1 runs as power_attention (attention)";
+  if (why.empty()) why = expanse_sdk::one_token_declines(*op.problem);
   return why;
 }
 
@@ -88,9 +88,10 @@ std::string power_attention_step_tokens_declines(const expanse_op& op, const dev
   if (why.empty() && queries > most)
     why = "takes t x (query heads per kv head) <= " + std::to_string(most) + " at e = " + std::to_string(pb.e) +
           ", got " + std::to_string(queries);
-  if (why.empty() && step_tokens_bytes(pb) > kTokensSharedBytes)
-    why = "needs " + std::to_string(step_tokens_bytes(pb)) + " bytes of shared memory for t = " + std::to_string(pb.t) +
-          " (at most " + std::to_string(kTokensSharedBytes) + ")";
+  const size_t bytes = step_tokens_bytes(pb);
+  if (why.empty() && bytes > kTokensSharedBytes)
+    why = "needs " + std::to_string(bytes) + " bytes of shared memory for t = " + std::to_string(pb.t) + " (at most " +
+          std::to_string(kTokensSharedBytes) + ")";
   return why;
 }
 

@@ -9,7 +9,7 @@ namespace expanse_kokkos {
 
 std::string power_attention_step_teams_declines(const expanse_op& op, const device_props&) {
   std::string why = common_declines(op);
-  if (why.empty() && op.problem->t != 1) why = "takes one token; t != 1 runs as power_attention (attention)";
+  if (why.empty()) why = expanse_sdk::one_token_declines(*op.problem);
   return why;
 }
 
