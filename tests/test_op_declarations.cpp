@@ -110,6 +110,12 @@ TEST_CASE("op declarations: output shapes by the shape rules") {
         EXPANSE_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(expanse_last_error()).find("argument 'k' has rank 3: without its token axis it is one token, "
                                                "but 'q' has t=3") != std::string::npos);
+  const expanse_tensor q5 = view({2, 3, 1, 4, 8});  // neither rank 4 nor rank 3
+  st.q = &q5, st.k = &tk, st.v = &tv;
+  CHECK(expanse_output_shape(EXPANSE_OP_POWER_ATTENTION_STEP, &st, 6, &step_ndim, step_shape, nullptr) ==
+        EXPANSE_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(expanse_last_error()).find("argument 'q' must have rank 4 [b,t,hq,d], or 3 without its token "
+                                               "axis (one token), got rank 5") != std::string::npos);
   st.q = &sq, st.k = &sk, st.v = &tv;
   CHECK(expanse_output_shape(EXPANSE_OP_POWER_ATTENTION_STEP, &st, 6, &step_ndim, step_shape, nullptr) ==
         EXPANSE_ERROR_INVALID_ARGUMENT);
