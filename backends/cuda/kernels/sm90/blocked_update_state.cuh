@@ -24,11 +24,16 @@
 // - two consumer warpgroups (2 m64 tiles each) form A from the key tile, multiply, release the
 //   buffer on its "empty" barrier, and write the tile's rows of S and z.
 // kSplit (p = 2; the tensor-core power_attention_backward's forward sweep and cotangent states, whose
-// state terms cancel and magnify a b16 rounding): A = w_j phi(k_j) as b16 hi + lo, two products per
-// slice against the values as they are (exact in b16), as the sm_80 kernel's kSplit does; the last
-// factor times the f32 gate is split once per token pair, and the mid factor multiplies it in packed
-// b16 arithmetic (mul2_split). With P.weight the producer copies each token's weight
-// into the gate row in place of exp(A - Gc_j).
+// state terms cancel and magnify a b16 rounding): the gate goes with the values, B = w_j v_j split
+// into b16 hi + lo by the producer (two value tiles per step, formed once for both warpgroups), and
+// A = phi(k_j) without it, whose p = 2 rows x_a x_b are exactly hi + lo (a product of two b16 values
+// has twice their significand: mul2_split, 3 packed instructions per register pair). Three products
+// per slice, A_hi B_hi + A_hi B_lo + A_lo B_hi (A_lo B_lo is under 2^-18 of the product). With the
+// gate on A instead (f32 gate times the last factor, split, then times the mid factor: two products
+// per slice) the consumers issued 503 instructions per step and the kernel was bound by issue
+// (tensor pipe 39% busy); this form issues 210, the tensor pipe is 61% busy, and the time is the same
+// (1.1 ms at P1 t = 65536): the consumers now wait for the producer's B (docs/performance.md, lesson
+// 15). With P.weight each token's weight takes the place of exp(A - Gc_j).
 //
 // History (docs/performance.md): one CTA per tile with every warp staging and then multiplying, a
 // CTA barrier per step, ran at 220 TFLOP/s at P1; the same work split into producer and consumers
@@ -69,21 +74,26 @@ __device__ __forceinline__ int token_pair_word(int sp) { return (sp % 4) * 8 + (
 template <class T, int E> constexpr int value_row_bytes() { return E * int(sizeof(T)) < 128 ? E * int(sizeof(T)) : 128; }
 template <class T, int E> constexpr int value_block_bytes() { return kTok * value_row_bytes<T, E>(); }
 template <class T, int E> constexpr int value_blocks() { return E * int(sizeof(T)) / value_row_bytes<T, E>(); }
-// A step buffer: the value blocks and the ones block, then the key tile [DH + 2][kTokPad] (row DH
-// is ones: the fixed factors past p point there; row DH + 1 holds the gates; kSplit: the gates in f32
-// after the tile instead, in the same token order), rounded up to 1024 bytes (the swizzle's alignment).
+// A step buffer: the value blocks and the ones block (kSplit: the gated values' hi part and its
+// block of weights, then their lo part likewise), then the key tile [DH + 2][kTokPad] (row DH is
+// ones: the fixed factors past p point there; row DH + 1 holds the gates, but for kSplit), rounded up
+// to 1024 bytes (the swizzle's alignment).
 template <int DH> constexpr int key_tile_elems() { return (DH + 2) * kTokPad; }
-template <class T, int E> constexpr int key_tile_offset() { return (value_blocks<T, E>() + 1) * value_block_bytes<T, E>(); }
-template <class T, int DH, int E>
-constexpr int f32_gate_offset() { return key_tile_offset<T, E>() + key_tile_elems<DH>() * int(sizeof(T)); }
+template <class T, int E> constexpr int value_part_bytes() { return (value_blocks<T, E>() + 1) * value_block_bytes<T, E>(); }
+template <class T, int E, bool kSplit>
+constexpr int key_tile_offset() { return (kSplit ? 2 : 1) * value_part_bytes<T, E>(); }
 template <class T, int DH, int E, bool kSplit = false>
 constexpr int step_buffer_bytes() {
-  return (f32_gate_offset<T, DH, E>() + (kSplit ? kTok * 4 : 0) + 1023) / 1024 * 1024;
+  return (key_tile_offset<T, E, kSplit>() + key_tile_elems<DH>() * int(sizeof(T)) + 1023) / 1024 * 1024;
 }
-// A raw stage: the step's key rows [64][DH] (16-byte chunk c of row s at key_raw_offset), then the
-// tokens' Gc (f32).
+// A raw stage: the step's key rows [64][DH] (16-byte chunk c of row s at key_raw_offset), kSplit:
+// then its value rows [64][E] likewise, then the tokens' Gc (f32; or their weights).
 template <class T, int DH>
-constexpr int raw_stage_bytes() { return kTok * (DH * int(sizeof(T)) + 4); }
+constexpr int raw_value_offset() { return kTok * DH * int(sizeof(T)); }
+template <class T, int DH, int E, bool kSplit>
+constexpr int raw_gate_offset() { return raw_value_offset<T, DH>() + (kSplit ? kTok * E * int(sizeof(T)) : 0); }
+template <class T, int DH, int E, bool kSplit>
+constexpr int raw_stage_bytes() { return raw_gate_offset<T, DH, E, kSplit>() + kTok * 4; }
 // Rings: the copies run raw_stages - 1 steps ahead, into a raw stage and a step buffer each; there
 // are more step buffers than raw stages, so that the producer converts the next step while the
 // consumers multiply this one (with as many, it would wait for the buffer of the step before this one,
@@ -98,11 +108,12 @@ template <class T, int DH, int E, bool kSplit = false>
 constexpr size_t blocked_update_state_smem(int buffers, int raw_stages) {
   using namespace blocked_update_state_cfg;
   return 1024 + size_t(buffers) * (step_buffer_bytes<T, DH, E, kSplit>() + 2 * sizeof(uint64_t)) +
-         size_t(raw_stages) * raw_stage_bytes<T, DH>();
+         size_t(raw_stages) * raw_stage_bytes<T, DH, E, kSplit>();
 }
 
-// Byte offset of 16-byte chunk c of token row s in a raw key stage (rows of 2 DH bytes): the chunk
-// XOR the row (the row pair at DH = 32), so that the 8 rows of an ldmatrix fall in different banks.
+// Byte offset of 16-byte chunk c of token row s in a raw key stage (rows of 2 DH bytes; also the
+// raw value rows, with E for DH): the chunk XOR the row (the row pair at DH = 32), so that the 8 rows
+// of an ldmatrix fall in different banks.
 template <class T, int DH>
 __device__ __forceinline__ int key_raw_offset(int s, int c) {
   const int x = DH * sizeof(T) < 128 ? (s >> 1) & 3 : s & 7;
@@ -153,11 +164,11 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
   using namespace blocked_update_state_cfg;
   constexpr int d = DH;
   constexpr int kKeyChunks = d / 8, kValChunks = E / 8;  // 16-byte chunks per row
-  constexpr int kRawBytes = raw_stage_bytes<T, d>();
+  constexpr int kRawBytes = raw_stage_bytes<T, d, E, kSplit>();
   constexpr int kBufBytes = step_buffer_bytes<T, d, E, kSplit>();
   constexpr int kVRow = value_row_bytes<T, E>(), kVBlock = value_block_bytes<T, E>(), kVChunks = kVRow / 16;
-  constexpr int kKeyTile = key_tile_offset<T, E>();  // byte offset of the key tile in a buffer
-  constexpr int kGcOffset = kTok * d * int(sizeof(T));
+  constexpr int kKeyTile = key_tile_offset<T, E, kSplit>();  // byte offset of the key tile in a buffer
+  constexpr int kValRaw = raw_value_offset<T, d>(), kGcOffset = raw_gate_offset<T, d, E, kSplit>();
   const uint32_t buffers = P.ring, raw_stages = P.raw_stages;
 
   // Copies: two threads per token row (128 threads, 64 rows), each taking half of the row's 16-byte
@@ -168,19 +179,21 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
   constexpr int kKeyCopies = kKeyChunks / 2, kValCopies = kValChunks / 2;
   static_assert(kProducerThreads == 2 * kTok, "two producer threads per token row");
   const int row = pt / 2, kc0 = (pt % 2) * kKeyCopies, vc0 = (pt % 2) * kValCopies;
-  int kdst[kKeyCopies], vdst[kValCopies];
+  // vdst: a value chunk's place in the step buffer (kSplit: its hi part's; vraw its raw place).
+  int kdst[kKeyCopies], vdst[kValCopies], vraw[kValCopies];
 #pragma unroll
   for (int j = 0; j < kKeyCopies; ++j) kdst[j] = key_raw_offset<T, d>(row, kc0 + j);
 #pragma unroll
   for (int j = 0; j < kValCopies; ++j) {
     const int c = vc0 + j;
     vdst[j] = (c / kVChunks) * kVBlock + int(swizzled_row_offset(row, c % kVChunks, kVRow));
+    vraw[j] = kValRaw + key_raw_offset<T, E>(row, c);
   }
   const T *ksrc = nullptr, *vsrc = nullptr;
   const int64_t k_step = int64_t(kTok) * P.k_st, v_step = int64_t(kTok) * P.v_st;
-  // The walk's step: keys and gates into raw stage `raw`, values into step buffer `buf` (zeros past
-  // the chunk: those sources are not read), committed as one group (an empty group past the last
-  // tile, so that every step commits one).
+  // The walk's step: keys and gates into raw stage `raw`, values into step buffer `buf` (kSplit:
+  // into the raw stage, to be gated; zeros past the chunk: those sources are not read), committed as
+  // one group (an empty group past the last tile, so that every step commits one).
   auto issue_step = [&](const tile_step_walk& w, unsigned char* raw, unsigned char* buf) {
     if (!w.done(P)) {
       if (w.step == 0) {
@@ -196,7 +209,7 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
 #pragma unroll
       for (int j = 0; j < kKeyCopies; ++j) copy_async<16>(raw + kdst[j], ksrc + 8 * j, in);
 #pragma unroll
-      for (int j = 0; j < kValCopies; ++j) copy_async<16>(buf + vdst[j], vsrc + 8 * j, in);
+      for (int j = 0; j < kValCopies; ++j) copy_async<16>(kSplit ? raw + vraw[j] : buf + vdst[j], vsrc + 8 * j, in);
       if (pt >= kProducerThreads - kTok) {  // the last warps: the first one computes the gates
         const int s = pt - (kProducerThreads - kTok);
         const bool weighted = kSplit && P.weight != nullptr;
@@ -226,27 +239,45 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
       ldmatrix_x4_trans(r, raw + key_raw_offset<T, d>(32 * h + lane, c8));  // lane: row lane % 8 of matrix lane / 8
       store_shared_16(kb + (8 * c8 + lane / 4) * kTokPad + 16 * (lane % 4) + 8 * h, make_uint4(r[0], r[1], r[2], r[3]));
     }
-    // Gates exp(A - Gc_s), 0 past the chunk, as token pairs in row d + 1, by the first warp (8 lanes
-    // in each warp measured slower: every warp then issued the whole sequence).
-    if (pt < kTok / 2) {
-      const int left = static_cast<int>(min(w.at.len - int64_t(w.step) * kTok, int64_t(kTok)));
+    const int left = static_cast<int>(min(w.at.len - int64_t(w.step) * kTok, int64_t(kTok)));
+    if constexpr (kSplit) {
+      // This thread's token row: its weight (exp(A - Gc_s) by exp2f, whose 2 ulp stay under the
+      // split's 2^-17; or P.weight's; 0 past the chunk) split into hi + lo, the thread's value chunks
+      // times it as hi + lo pairs (mul2_split), and the weight itself in the ones block's column 0.
+      const float gc = reinterpret_cast<const float*>(raw + kGcOffset)[row];
+      float wt = P.weight != nullptr ? gc : P.g.Gc != nullptr ? exp2f(fmaf(-gc, kLog2e, w.at.total_log2)) : 1.f;
+      if (row >= left) wt = 0.f;
+      uint32_t w_hi, w_lo;
+      split2_f32<T>(wt, wt, w_hi, w_lo);
+#pragma unroll
+      for (int j = 0; j < kValCopies; ++j) {
+        const uint4 v = load_shared_16(raw + vraw[j]);
+        uint4 hi, lo;
+        mul2_split<T>(v.x, w_hi, w_lo, hi.x, lo.x);
+        mul2_split<T>(v.y, w_hi, w_lo, hi.y, lo.y);
+        mul2_split<T>(v.z, w_hi, w_lo, hi.z, lo.z);
+        mul2_split<T>(v.w, w_hi, w_lo, hi.w, lo.w);
+        store_shared_16(buf + vdst[j], hi);
+        store_shared_16(buf + value_part_bytes<T, E>() + vdst[j], lo);
+      }
+      if (pt % 2 == 0) {
+        const int ones = value_blocks<T, E>() * kVBlock + int(swizzled_row_offset(row, 0, kVRow));
+        store_shared_16(buf + ones, make_uint4(w_hi & 0xffffu, 0, 0, 0));
+        store_shared_16(buf + value_part_bytes<T, E>() + ones, make_uint4(w_lo & 0xffffu, 0, 0, 0));
+      }
+    } else if (pt < kTok / 2) {
+      // Gates exp(A - Gc_s), 0 past the chunk, as token pairs in row d + 1, by the first warp (8
+      // lanes in each warp measured slower: every warp then issued the whole sequence). (A - Gc_s <=
+      // 0: ex2 without exp's range handling; gates under 2^-126 flush to 0.)
       float w0 = 1.f, w1 = 1.f;
       const float2 gc = reinterpret_cast<const float2*>(raw + kGcOffset)[pt];
-      if (kSplit && P.weight != nullptr) {
-        w0 = gc.x, w1 = gc.y;
-      } else if (P.g.Gc != nullptr) {
-        // (A - Gc_s <= 0: ex2 without exp's range handling; gates under 2^-126 flush to 0. kSplit:
-        // exp2f, whose 2 ulp stay under the split's 2^-17.)
-        const float x0 = fmaf(-gc.x, kLog2e, w.at.total_log2), x1 = fmaf(-gc.y, kLog2e, w.at.total_log2);
-        w0 = kSplit ? exp2f(x0) : fast_exp2(x0);
-        w1 = kSplit ? exp2f(x1) : fast_exp2(x1);
+      if (P.g.Gc != nullptr) {
+        w0 = fast_exp2(fmaf(-gc.x, kLog2e, w.at.total_log2));
+        w1 = fast_exp2(fmaf(-gc.y, kLog2e, w.at.total_log2));
       }
       w0 = 2 * pt < left ? w0 : 0.f;
       w1 = 2 * pt + 1 < left ? w1 : 0.f;
-      if constexpr (kSplit)
-        reinterpret_cast<float2*>(buf + f32_gate_offset<T, d, E>())[token_pair_word(pt)] = make_float2(w0, w1);
-      else
-        reinterpret_cast<uint32_t*>(kb + (d + 1) * kTokPad)[token_pair_word(pt)] = pack2_f32<T>(w0, w1);
+      reinterpret_cast<uint32_t*>(kb + (d + 1) * kTokPad)[token_pair_word(pt)] = pack2_f32<T>(w0, w1);
     }
   };
 
@@ -291,7 +322,7 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
   constexpr int d = DH;
   constexpr int kBufBytes = step_buffer_bytes<T, d, E, kSplit>();
   constexpr int kVRow = value_row_bytes<T, E>(), kVBlock = value_block_bytes<T, E>(), kVBlocks = value_blocks<T, E>();
-  constexpr int kKeyTile = key_tile_offset<T, E>();
+  constexpr int kKeyTile = key_tile_offset<T, E, kSplit>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t buffers = P.ring;
   // The swizzled value blocks need 1024-byte alignment.
@@ -299,7 +330,7 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
   unsigned char* const bufs = static_cast<unsigned char*>(
       __builtin_assume_aligned(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024), 1024));
   unsigned char* const raws = bufs + buffers * kBufBytes;
-  uint64_t* const full = reinterpret_cast<uint64_t*>(raws + P.raw_stages * raw_stage_bytes<T, d>());
+  uint64_t* const full = reinterpret_cast<uint64_t*>(raws + P.raw_stages * raw_stage_bytes<T, d, E, kSplit>());
   uint64_t* const empty = full + buffers;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -331,10 +362,11 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
   warpgroup_registers_raise<consumer_registers<E>()>();
 
   // Consumers: warpgroup wg holds m64 tiles (phi blocks) 2 wg and 2 wg + 1 of each tile. B of K
-  // slice ks of buffer b: the descriptor of buffer 0 plus b kBufDesc plus ks kSliceDesc.
+  // slice ks of buffer b: the descriptor of buffer 0 plus b kBufDesc plus ks kSliceDesc (kSplit: plus
+  // kLoDesc for the values' lo part).
   const int wg = warp >> 2, wq = warp & 3;
   const uint64_t desc0 = nmajor_swizzled_desc(bufs, kVRow, kVBlock, 8 * kVRow);
-  constexpr uint32_t kBufDesc = kBufBytes / 16, kSliceDesc = 16 * kVRow / 16;
+  constexpr uint32_t kBufDesc = kBufBytes / 16, kSliceDesc = 16 * kVRow / 16, kLoDesc = value_part_bytes<T, E>() / 16;
   const int gate_off = (d + 1) * kTokPad + tq * 16;  // this lane's 16 tokens of the gate row
   // kSplit: two slots of A fragments, each with its lo part (the registers of four).
   constexpr int kSlots = kSplit ? 2 : kASlots;
@@ -389,20 +421,13 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
       const T* const kb = reinterpret_cast<const T*>(bufs + buf * kBufBytes + kKeyTile);
       const uint64_t step_desc = desc0 + buf * kBufDesc;
       // Half j of the step (slices 2j, 2j + 1): this lane's 16-byte slice of each factor row, the
-      // last factor times the gates; word 2 (ks % 2) + h of a slice is the token pair of A register
-      // (ks, h) (wgmma.cuh: register 2h + hf).
+      // last factor times the gates (but for kSplit); word 2 (ks % 2) + h of a slice is the token
+      // pair of A register (ks, h) (wgmma.cuh: register 2h + hf).
       uint4 last[2][2], mid[2][2][2];
-      [[maybe_unused]] float gf[2][8];  // kSplit: the f32 gates of this lane's tokens in half j
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         uint4 gates = make_uint4(0, 0, 0, 0);
-        if constexpr (kSplit) {
-          const float* g32 = reinterpret_cast<const float*>(bufs + buf * kBufBytes + f32_gate_offset<T, d, E>()) + tq * 16 + 8 * j;
-          *reinterpret_cast<float4*>(&gf[j][0]) = *reinterpret_cast<const float4*>(g32);
-          *reinterpret_cast<float4*>(&gf[j][4]) = *reinterpret_cast<const float4*>(g32 + 4);
-        } else {
-          gates = *reinterpret_cast<const uint4*>(kb + gate_off + 8 * j);
-        }
+        if constexpr (!kSplit) gates = *reinterpret_cast<const uint4*>(kb + gate_off + 8 * j);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           last[j][mt] = kSplit ? load_shared_16(kb + last_off[mt] + 8 * j) : mul2x4<T>(load_shared_16(kb + last_off[mt] + 8 * j), gates);
@@ -419,41 +444,26 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
       for (int ks = 0; ks < kTok / 16; ++ks) {
         wgmma_wait<kSlots - 1>();  // the group that last read this slot is complete
         const int j = ks / 2, kk = ks % 2, slot = ks % kSlots;
-        if constexpr (kSplit) {
-          // The last factor times its gate in f32, split into hi + lo once for both fragment rows;
-          // then each A pair is the mid factor times that split pair (mul2_split: 3 packed
-          // instructions, where the f32 product of all three and its split took about 13).
-          uint32_t xg_hi[2][2], xg_lo[2][2];
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-            for (int wi = 0; wi < 2; ++wi) {
-              const int w = 2 * kk + wi;
-              const float2 x = unpack2_f32<T>(word_of(last[j][mt], w));
-              split2_f32<T>(x.x * gf[j][2 * w], x.y * gf[j][2 * w + 1], xg_hi[mt][wi], xg_lo[mt][wi]);
-            }
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              const int hf = q & 1, wi = q >> 1;
-              mul2_split<T>(word_of(mid[j][mt][hf], 2 * kk + wi), xg_hi[mt][wi], xg_lo[mt][wi], a[slot][mt][q],
-                            a_lo[slot][mt][q]);
-            }
-        } else {
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              const int hf = q & 1, w = 2 * kk + (q >> 1);
+          for (int q = 0; q < 4; ++q) {
+            const int hf = q & 1, w = 2 * kk + (q >> 1);
+            // kSplit: the exact product as hi + lo (mul2_split).
+            if constexpr (kSplit)
+              mul2_split<T>(word_of(last[j][mt], w), word_of(mid[j][mt][hf], w), a[slot][mt][q], a_lo[slot][mt][q]);
+            else
               a[slot][mt][q] = mul2<T>(word_of(last[j][mt], w), word_of(mid[j][mt][hf], w));
-            }
-        }
+          }
         wgmma_fence();
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          wgmma_rs<T, N, true>(acc[mt], a[slot][mt], step_desc + ks * kSliceDesc);
-          if constexpr (kSplit) wgmma_rs<T, N, true>(acc[mt], a_lo[slot][mt], step_desc + ks * kSliceDesc);
+          const uint64_t slice_desc = step_desc + ks * kSliceDesc;
+          wgmma_rs<T, N, true>(acc[mt], a[slot][mt], slice_desc);
+          if constexpr (kSplit) {
+            wgmma_rs<T, N, true>(acc[mt], a[slot][mt], slice_desc + kLoDesc);
+            wgmma_rs<T, N, true>(acc[mt], a_lo[slot][mt], slice_desc);
+          }
         }
         wgmma_commit();
       }
