@@ -9,16 +9,16 @@
 // both multiply the same key feature last + g, and the mid feature is the same for the 8 lanes g of
 // a row half (a broadcast read). The key tile stores each feature's 64 tokens in the order the lanes
 // use them (tq's 16 tokens contiguous): one 16-byte read gives 4 token pairs. The gates are a row of
-// the key tile and multiply the last factor, so A is formed gated in registers.
+// the key tile and multiply the last factor, so A is formed gated in registers (but for kSplit).
 //
-// B is the value rows exactly as copied: N-major with the hardware's swizzle (wgmma.cuh,
-// nmajor_swizzled_desc), next to a constant tile of ones for z. Nothing converts the values.
+// B is the value rows exactly as copied (but for kSplit): N-major with the hardware's swizzle
+// (wgmma.cuh, nmajor_swizzled_desc), next to a constant tile of ones for z. Nothing converts the values.
 //
 // A tile is 4 phi blocks (256 rows) x all e columns over one chunk of one head, in K steps of 64
 // tokens. One CTA per SM takes the tiles in turn (tile = blockIdx.x + k gridDim.x); its roles loop
 // over the same tiles and steps:
-// - the producer warpgroup copies each step's value rows into a step buffer, and its key rows and
-//   token gates into a raw stage, by cp.async (raw_stages - 1 steps ahead, across tiles); then per
+// - the producer warpgroup copies each step's value rows into a step buffer (kSplit: into the raw
+//   stage), and its key rows and token gates into a raw stage, by cp.async (raw_stages - 1 steps ahead, across tiles); then per
 //   step it transposes the key rows into the buffer's key tile (ldmatrix.trans, 16-byte stores) and
 //   writes the gates, and arrives on the buffer's "full" barrier (bulk_copy.cuh);
 // - two consumer warpgroups (2 m64 tiles each) form A from the key tile, multiply, release the
