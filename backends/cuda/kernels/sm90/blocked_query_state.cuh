@@ -201,11 +201,7 @@ __global__ void __launch_bounds__(256, 1) blocked_query_state_kernel(mma_query_s
       const uint64_t desc_lo = kmajor_desc(bt + b_size + ks * 2 * kChunk, kChunk * sizeof(T), 128);
       wgmma_fence();
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        wgmma_rs<T, N>(acc[mt], a[ks][mt], desc_hi);
-        wgmma_rs<T, N>(acc[mt], a[ks][mt], desc_lo);
-        wgmma_rs<T, N>(acc[mt], a_lo[ks][mt], desc_hi);
-      }
+      for (int mt = 0; mt < MT; ++mt) wgmma_rs_split<T, N>(acc[mt], a[ks][mt], a_lo[ks][mt], desc_hi, desc_lo);
       wgmma_commit();
     }
     // This warpgroup's products of the previous step are complete (the last wait above). The next

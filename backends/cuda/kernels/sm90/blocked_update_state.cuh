@@ -459,11 +459,8 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           const uint64_t slice_desc = step_desc + ks * kSliceDesc;
-          wgmma_rs<T, N, true>(acc[mt], a[slot][mt], slice_desc);
-          if constexpr (kSplit) {
-            wgmma_rs<T, N, true>(acc[mt], a[slot][mt], slice_desc + kLoDesc);
-            wgmma_rs<T, N, true>(acc[mt], a_lo[slot][mt], slice_desc);
-          }
+          if constexpr (kSplit) wgmma_rs_split<T, N, true>(acc[mt], a[slot][mt], a_lo[slot][mt], slice_desc, slice_desc + kLoDesc);
+          else wgmma_rs<T, N, true>(acc[mt], a[slot][mt], slice_desc);
         }
         wgmma_commit();
       }

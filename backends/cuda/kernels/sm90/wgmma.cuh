@@ -220,4 +220,14 @@ __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t b
 #endif
 }
 
+// d += (a_hi + a_lo) (B_hi + B_lo) for operands split into b16 hi + lo (each lo under 2^-9 of its
+// value): three products, without a_lo B_lo (under 2^-18 of the product).
+template <class T, int N, bool kNMajorB = false>
+__device__ __forceinline__ void wgmma_rs_split(float* d, const uint32_t* a_hi, const uint32_t* a_lo, uint64_t b_hi_desc,
+                                               uint64_t b_lo_desc) {
+  wgmma_rs<T, N, kNMajorB>(d, a_hi, b_hi_desc);
+  wgmma_rs<T, N, kNMajorB>(d, a_hi, b_lo_desc);
+  wgmma_rs<T, N, kNMajorB>(d, a_lo, b_hi_desc);
+}
+
 }  // namespace expanse_cuda

@@ -113,9 +113,7 @@ __global__ void __launch_bounds__(256, 2) state_tiles_query_kernel(tiles_query_p
     for (int kk = 0; kk < 4; ++kk) {
       const uint64_t dhi = nmajor_desc(tile_hi + kk * 16 * 8, 128, Tiles::kKStride * sizeof(T));
       const uint64_t dlo = nmajor_desc(tile_hi + Tiles::kElems + kk * 16 * 8, 128, Tiles::kKStride * sizeof(T));
-      wgmma_rs<T, E, true>(acc, hi[kk], dhi);
-      wgmma_rs<T, E, true>(acc, hi[kk], dlo);
-      wgmma_rs<T, E, true>(acc, lo[kk], dhi);
+      wgmma_rs_split<T, E, true>(acc, hi[kk], lo[kk], dhi, dlo);
     }
     wgmma_commit();
     // The A registers are rewritten for the next tile: the other warpgroup and CTA keep the tensor
