@@ -43,6 +43,16 @@ const Args& args_of(const expanse_op& op) {
   return *static_cast<const Args*>(op.args);
 }
 
+// Sets t's strides to those of a dense row-major tensor of its shape; returns its element count.
+inline int64_t set_dense_strides(expanse_tensor& t) {
+  int64_t count = 1;
+  for (int dim = t.ndim - 1; dim >= 0; --dim) {
+    t.strides[dim] = count;
+    count *= t.shape[dim];
+  }
+  return count;
+}
+
 // "power_attention", ...; "unknown op" for a code that is no operation.
 inline const char* op_name(expanse_op_kind kind) {
 #define EXPANSE_SDK_OP_NAME(name, NAME) #name,

@@ -9,11 +9,7 @@ namespace {
 // A dense tensor in the workspace with `like`'s shape, dtype and device (a state: f32 or f64).
 expanse_tensor dense_like(const expanse_tensor& like, workspace& ws) {
   expanse_tensor t = like;
-  int64_t count = 1;
-  for (int dim = t.ndim - 1; dim >= 0; --dim) {
-    t.strides[dim] = count;
-    count *= t.shape[dim];
-  }
+  const int64_t count = set_dense_strides(t);
   const size_t element = like.dtype == EXPANSE_F64 ? 8 : 4;
   t.data = ws.take<unsigned char>(size_t(count) * element);
   return t;

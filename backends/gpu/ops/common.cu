@@ -3,6 +3,7 @@
 #include "gpu/kernels/chunk_gates.hpp"
 #include "gpu/kernels/phi_table.hpp"
 #include "gpu/ops/common.hpp"
+#include "sdk/op_args.hpp"
 
 namespace expanse_gpu {
 namespace {
@@ -94,11 +95,7 @@ expanse_tensor f32_view(float* data, std::initializer_list<int64_t> shape, const
   t.ndim = static_cast<int32_t>(shape.size());
   int i = 0;
   for (int64_t s : shape) t.shape[i++] = s;
-  int64_t stride = 1;
-  for (int k = t.ndim - 1; k >= 0; --k) {
-    t.strides[k] = stride;
-    stride *= t.shape[k];
-  }
+  expanse_sdk::set_dense_strides(t);
   return t;
 }
 
