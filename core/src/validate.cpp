@@ -261,22 +261,13 @@ class checker {
   // look at every other field.
   // A decoding step of t > 1 tokens runs as power_attention does (docs/spec.md): its chunks by the same rule.
   void choose_chunk(expanse_problem& pr, validated_op& out) const {
-    const bool step = rule_has_omittable_ && !has_chunk();
-    if (step && pr.t > 1) {
-      out.chunk_size = device_->choose_chunk_size(&pr);
-      if (out.chunk_size < 0)
-        fail(EXPANSE_ERROR_INTERNAL, "%s: the backend chose chunk size %lld for %lld tokens", op_.name,
-             (long long)out.chunk_size, (long long)pr.t);
-      pr.c = std::min(out.chunk_size > 0 ? out.chunk_size : pr.t, pr.t);
-      pr.n = chunks(pr.t, pr.c);
-      return;
-    }
-    if (!has_chunk() || chunk_check() != param_check::chunk_or_auto) return;
-    const int64_t requested = chunk_param();
+    const bool step = rule_has_omittable_ && !has_chunk() && pr.t > 1;  // its chunks always automatic
+    if (!step && (!has_chunk() || chunk_check() != param_check::chunk_or_auto)) return;
+    const int64_t requested = step ? EXPANSE_CHUNK_AUTO : chunk_param();
     out.chunk_size = requested == EXPANSE_CHUNK_AUTO ? device_->choose_chunk_size(&pr) : requested;
     if (out.chunk_size < 0)
-      fail(EXPANSE_ERROR_INTERNAL, "%s: the backend chose chunk size %lld for EXPANSE_CHUNK_AUTO", op_.name,
-           (long long)out.chunk_size);
+      fail(EXPANSE_ERROR_INTERNAL, "%s: the backend chose chunk size %lld for EXPANSE_CHUNK_AUTO (t=%lld)", op_.name,
+           (long long)out.chunk_size, (long long)pr.t);
     pr.c = std::min(out.chunk_size > 0 ? out.chunk_size : pr.t, std::max<int64_t>(pr.t, 1));
     pr.n = chunks(pr.t, pr.c);
   }
