@@ -195,7 +195,7 @@ static void launch_blocked_update_state_form(const expanse_tensor& k, const expa
         }
     auto launch = [&](auto kernel) {
       // One persistent CTA per SM (at most one per tile).
-      launch_with_smem(kernel, std::min<int64_t>(P.tile_count, std::max(lc.props.multiprocessors, 1)), kThreads, bytes(),
+      launch_with_smem(kernel, std::min<int64_t>(P.tile_count, std::max(lc.props.multiprocessors, 1)), block_threads<kSplit>(), bytes(),
                        lc.stream, P);
     };
     if constexpr (kSplit) {  // the tensor-core backward's shapes only: p = 2, d = e = 64

@@ -17,7 +17,7 @@
 // A tile is 4 phi blocks (256 rows) x all e columns over one chunk of one head, in K steps of 64
 // tokens. One CTA per SM takes the tiles in turn (tile = blockIdx.x + k gridDim.x); its roles loop
 // over the same tiles and steps:
-// - the producer warpgroup copies each step's value rows into a step buffer (kSplit: into the raw
+// - the producer warpgroup (two for kSplit) copies each step's value rows into a step buffer (kSplit: into the raw
 //   stage), and its key rows and token gates into a raw stage, by cp.async (raw_stages - 1 steps ahead, across tiles); then per
 //   step it transposes the key rows into the buffer's key tile (ldmatrix.trans, 16-byte stores) and
 //   writes the gates, and arrives on the buffer's "full" barrier (bulk_copy.cuh);
@@ -32,8 +32,9 @@
 // gate on A instead (f32 gate times the last factor, split, then times the mid factor: two products
 // per slice) the consumers issued 503 instructions per step and the kernel was bound by issue
 // (tensor pipe 39% busy); this form issues 210, the tensor pipe is 61% busy, and the time is the same
-// (1.1 ms at P1 t = 65536): the consumers now wait for the producer's B (docs/performance.md, lesson
-// 15). With P.weight each token's weight takes the place of exp(A - Gc_j).
+// (1.1 ms at P1 t = 65536): the consumers wait for the producer's B (docs/performance.md, lesson
+// 15). A second producer warpgroup (half the rows per thread) took it to 1.07 ms, the tensor pipe 65%
+// busy; B's lo part stored negated (16 fewer producer instructions per step) gained nothing. With P.weight each token's weight takes the place of exp(A - Gc_j).
 //
 // History (docs/performance.md): one CTA per tile with every warp staging and then multiplying, a
 // CTA barrier per step, ran at 220 TFLOP/s at P1; the same work split into producer and consumers
@@ -50,20 +51,23 @@ namespace blocked_update_state_cfg {
 constexpr int kBlocksPerCta = 4;       // phi blocks per tile: 2 consumer warpgroups x 2 m64 tiles
 constexpr int kConsumerThreads = 256;  // warps 0-7
 constexpr int kConsumerWarps = kConsumerThreads / 32;
-constexpr int kProducerThreads = 128;  // warps 8-11
-constexpr int kThreads = kConsumerThreads + kProducerThreads;
+// The producer warps (8 on): one warpgroup, two for kSplit (which forms B).
+template <bool kSplit> constexpr int producer_threads() { return kSplit ? 256 : 128; }
+template <bool kSplit> constexpr int block_threads() { return kConsumerThreads + producer_threads<kSplit>(); }
 constexpr int kProducerBarrier = 1;  // the producer warps' named barrier
 constexpr float kLog2e = 1.4426950408889634f;  // the gates are computed as 2^(log2(e) x)
 constexpr int kTok = wgmma_update_state_cfg::kTok, kTokPad = wgmma_update_state_cfg::kTokPad;
 // A fragments in flight per consumer warpgroup: the 4 K slices of a step, so the warps form the
 // next step's slices while the tensor cores still run three of this one.
 constexpr int kASlots = 4;
-// Registers per thread (setmaxnreg; 168 at launch for 384 threads): the consumers' accumulators
-// are 2 x (e + 8) / 2 per thread, so e = 128 takes more from the producers.
-template <int E> constexpr int consumer_registers() { return E == 128 ? 224 : 200; }
-template <int E> constexpr int producer_registers() { return E == 128 ? 56 : 96; }
-static_assert(128 * producer_registers<128>() + kConsumerThreads * consumer_registers<128>() <= 384 * 168, "registers");
-static_assert(128 * producer_registers<64>() + kConsumerThreads * consumer_registers<64>() <= 384 * 168, "registers");
+// Registers per thread (setmaxnreg; 168 at launch for 384 threads, 128 for kSplit's 512): the
+// consumers' accumulators are 2 x (e + 8) / 2 per thread, so e = 128 takes more from the producers;
+// kSplit (e = 64) keeps 192 for its split A fragments.
+template <int E, bool kSplit> constexpr int consumer_registers() { return kSplit ? 192 : E == 128 ? 224 : 200; }
+template <int E, bool kSplit> constexpr int producer_registers() { return kSplit ? 64 : E == 128 ? 56 : 96; }
+static_assert(128 * producer_registers<128, false>() + kConsumerThreads * consumer_registers<128, false>() <= 384 * 168, "registers");
+static_assert(128 * producer_registers<64, false>() + kConsumerThreads * consumer_registers<64, false>() <= 384 * 168, "registers");
+static_assert(256 * producer_registers<64, true>() + kConsumerThreads * consumer_registers<64, true>() <= 512 * 128, "registers");
 
 // The word (pair of tokens) that holds tokens 2 sp, 2 sp + 1 of a step in a feature row of the key
 // tile: lane tq's tokens 16 ks + 8 h + 2 tq (+1) lie at words 8 tq + 2 ks + h.
@@ -157,7 +161,7 @@ struct tile_step_walk {
   }
 };
 
-// The producer warpgroup (thread pt of 128).
+// The producer warps (thread pt of producer_threads<kSplit>()).
 template <class T, int DH, int E, bool kSplit>
 __device__ __forceinline__ void produce_update_steps(const mma_update_state_params& P, unsigned char* bufs,
                                                      unsigned char* raws, uint64_t* full, uint64_t* empty, int pt) {
@@ -171,14 +175,15 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
   constexpr int kValRaw = raw_value_offset<T, d>(), kGcOffset = raw_gate_offset<T, d, E, kSplit>();
   const uint32_t buffers = P.ring, raw_stages = P.raw_stages;
 
-  // Copies: two threads per token row (128 threads, 64 rows), each taking half of the row's 16-byte
+  // Copies: two threads per token row (four for kSplit), each taking its share of the row's 16-byte
   // chunks, consecutive: one source address per thread and row, the chunks at immediate offsets
   // from it. The source advances by one step's rows per step (recomputed when a tile starts); the
   // destinations are the same every step. (Chunks 16 rows apart, each at its own 64-bit address,
   // had cost twice the instructions, and waits for the address registers to be read.)
-  constexpr int kKeyCopies = kKeyChunks / 2, kValCopies = kValChunks / 2;
-  static_assert(kProducerThreads == 2 * kTok, "two producer threads per token row");
-  const int row = pt / 2, kc0 = (pt % 2) * kKeyCopies, vc0 = (pt % 2) * kValCopies;
+  constexpr int kProducerThreads = producer_threads<kSplit>(), kRowThreads = kProducerThreads / kTok;
+  constexpr int kKeyCopies = kKeyChunks / kRowThreads, kValCopies = kValChunks / kRowThreads;
+  static_assert(kKeyCopies * kRowThreads == kKeyChunks && kValCopies * kRowThreads == kValChunks, "whole shares");
+  const int row = pt / kRowThreads, kc0 = (pt % kRowThreads) * kKeyCopies, vc0 = (pt % kRowThreads) * kValCopies;
   // vdst: a value chunk's place in the step buffer (kSplit: its hi part's; vraw its raw place).
   int kdst[kKeyCopies], vdst[kValCopies], vraw[kValCopies];
 #pragma unroll
@@ -225,15 +230,16 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
 
   // The key tile of a step: 8 tokens x 8 features per ldmatrix matrix, transposed, four matrices
   // (token blocks 4 h .. 4 h + 3) give lane (g, tq) the words 8 tq + 4 h .. + 3 of feature row
-  // 8 c8 + g: one 16-byte store. Items (c8, h), d / 4 of them, over the 4 producer warps.
-  constexpr int kKeyItems = d / 8 * 2, kWarpItems = (kKeyItems + 3) / 4;
+  // 8 c8 + g: one 16-byte store. Items (c8, h), d / 4 of them, over the producer warps.
+  constexpr int kProducerWarps = kProducerThreads / 32;
+  constexpr int kKeyItems = d / 8 * 2, kWarpItems = (kKeyItems + kProducerWarps - 1) / kProducerWarps;
   const int warp = pt / 32, lane = pt % 32;
   auto convert_step = [&](const tile_step_walk& w, const unsigned char* raw, unsigned char* buf) {
     T* const kb = reinterpret_cast<T*>(buf + kKeyTile);
 #pragma unroll
     for (int i = 0; i < kWarpItems; ++i) {
-      const int item = warp + 4 * i;
-      if (kKeyItems % 4 != 0 && item >= kKeyItems) break;
+      const int item = warp + kProducerWarps * i;
+      if (kKeyItems % kProducerWarps != 0 && item >= kKeyItems) break;
       const int c8 = item / 2, h = item % 2;
       uint32_t r[4];
       ldmatrix_x4_trans(r, raw + key_raw_offset<T, d>(32 * h + lane, c8));  // lane: row lane % 8 of matrix lane / 8
@@ -260,7 +266,7 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
         store_shared_16(buf + vdst[j], hi);
         store_shared_16(buf + value_part_bytes<T, E>() + vdst[j], lo);
       }
-      if (pt % 2 == 0) {
+      if (pt % kRowThreads == 0) {
         const int ones = value_blocks<T, E>() * kVBlock + int(swizzled_row_offset(row, 0, kVRow));
         store_shared_16(buf + ones, make_uint4(w_hi & 0xffffu, 0, 0, 0));
         store_shared_16(buf + value_part_bytes<T, E>() + ones, make_uint4(w_lo & 0xffffu, 0, 0, 0));
@@ -313,10 +319,11 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
 
 // PM: 2 for p = 2 (fixed factors ignored), 4 for p = 3, 4 (fixed factors past p read the row of ones).
 template <class T, int DH, int E, int PM, bool kSplit = false>
-__global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
+__global__ void __launch_bounds__(blocked_update_state_cfg::block_threads<kSplit>(), 1)
     blocked_update_state_kernel(mma_update_state_params P) {
   using namespace blocked_update_state_cfg;
   static_assert(!kSplit || PM == 2, "the split form takes p = 2");
+  constexpr int kThreads = block_threads<kSplit>(), kProducerThreads = producer_threads<kSplit>();
   constexpr int N = E + 8;    // e columns + the z tile
   constexpr int kNT = E / 8;  // 8-column blocks of v; block kNT is the z tile
   constexpr int d = DH;
@@ -355,11 +362,11 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::kThreads, 1)
   fence_async_shared();  // the ones blocks, for the tensor cores
   __syncthreads();       // the roles meet only at the barriers from here on
   if (warp >= kConsumerWarps) {
-    warpgroup_registers_lower<producer_registers<E>()>();
+    warpgroup_registers_lower<producer_registers<E, kSplit>()>();
     produce_update_steps<T, d, E, kSplit>(P, bufs, raws, full, empty, tid - kConsumerThreads);
     return;
   }
-  warpgroup_registers_raise<consumer_registers<E>()>();
+  warpgroup_registers_raise<consumer_registers<E, kSplit>()>();
 
   // Consumers: warpgroup wg holds m64 tiles (phi blocks) 2 wg and 2 wg + 1 of each tile. B of K
   // slice ks of buffer b: the descriptor of buffer 0 plus b kBufDesc plus ks kSliceDesc (kSplit: plus
