@@ -36,4 +36,10 @@ struct chunk_states_args {
 void run_chunk_states(const expanse_problem& pb, const chunk_states_args& c, const step_inputs& shared,
                       launch_context& lc, int first_slot, update_state_launcher update = nullptr);
 
+// power_attention's chunked form (gpu/ops/power_attention.cu) with `update` in place of update_state's
+// list for its states (null: the list), and the exchange of expanse_power_attention_exchange (null: a
+// plain call): for a backend whose list makes states too coarse for the queries' normalizers.
+void power_attention_chunked_run_with(const expanse_op& op, launch_context& lc, update_state_launcher update,
+                                      const expanse_sdk::exchange_call* exchange);
+
 }  // namespace expanse_gpu

@@ -32,7 +32,8 @@ std::string power_attention_chunked_declines(const expanse_op& op, const device_
 
 namespace {
 
-void run_chunked(const expanse_op& op, launch_context& lc, const expanse_sdk::exchange_call* exchange) {
+void run_chunked(const expanse_op& op, launch_context& lc, const expanse_sdk::exchange_call* exchange,
+                 update_state_launcher update) {
   const expanse_problem& pb = *op.problem;
   const auto& a = args_of<expanse_power_attention_args>(op);
   const expanse_tensor& dev = *a.q;  // the device of the workspace views
@@ -63,7 +64,7 @@ void run_chunked(const expanse_op& op, launch_context& lc, const expanse_sdk::ex
   if (need_states)
     run_chunk_states(pb, {a.k, a.v, a.log_g, S, z, exchange ? nullptr : a.initial_S, exchange ? nullptr : a.initial_z,
                           a.final_S, a.final_z},
-                     shared, lc, kUpdateState);
+                     shared, lc, kUpdateState, update);
   if (exchange && !lc.ws.sizing()) {
     if (exchange->fn(lc.stream.raw, exchange->user) != 0)
       throw std::runtime_error("power_attention: the exchange callback failed");
@@ -82,11 +83,16 @@ void run_chunked(const expanse_op& op, launch_context& lc, const expanse_sdk::ex
 
 }  // namespace
 
-void power_attention_chunked_run(const expanse_op& op, launch_context& lc) { run_chunked(op, lc, nullptr); }
+void power_attention_chunked_run(const expanse_op& op, launch_context& lc) { run_chunked(op, lc, nullptr, nullptr); }
 
 void power_attention_chunked_run_exchanging(const expanse_op& op, launch_context& lc,
                                             const expanse_sdk::exchange_call& exchange) {
-  run_chunked(op, lc, &exchange);
+  run_chunked(op, lc, &exchange, nullptr);
+}
+
+void power_attention_chunked_run_with(const expanse_op& op, launch_context& lc, update_state_launcher update,
+                                      const expanse_sdk::exchange_call* exchange) {
+  run_chunked(op, lc, exchange, update);
 }
 
 }  // namespace expanse_gpu
