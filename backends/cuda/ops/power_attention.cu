@@ -7,23 +7,13 @@
 #include "gpu/ops/chunk_states.hpp"
 #include "gpu/ops/implementations.hpp"
 #include "ops/op_common.hpp"
+#include "ops/update_state.hpp"
 
 namespace expanse_cuda {
 
 // ops/power_attention_fused.cu
 std::string fused_power_attention_declines(const expanse_op& op, const device_props& props);
 void fused_power_attention_run(const expanse_op& op, launch_context& lc);
-// ops/update_state.cu
-std::string mma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
-                                      const expanse_tensor& S, const expanse_tensor* z, const device_props& props);
-std::string blocked_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
-                                          const expanse_tensor& S, const expanse_tensor* z, const device_props& props);
-void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
-                               const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
-                               launch_context& lc);
-void launch_blocked_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
-                                       const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
-                                       const expanse_tensor* z, launch_context& lc);
 
 namespace {
 

@@ -29,6 +29,7 @@
 #include "ops/flash_chunk_attention.hpp"
 #include "ops/op_common.hpp"
 #include "ops/state_pullback.hpp"
+#include "ops/update_state.hpp"
 
 namespace expanse_cuda {
 
@@ -37,18 +38,6 @@ using expanse_sdk::exchange_call;
 // exchange: expanse_power_attention_backward_exchange's callback (null: a plain call).
 template <pullback_product kProduct>
 void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, const exchange_call* exchange);
-// ops/update_state.cu: update_state with its operands split into b16 hi + lo, for the forward sweep,
-// and with per-token weights in place of the gates, for the cotangent states: the sm_80 kernel, and
-// the blocked wgmma one (p = 2, the "wgmma" implementation).
-void launch_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
-                               const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
-                               launch_context& lc);
-void launch_blocked_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
-                                       const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
-                                       const expanse_tensor* z, launch_context& lc);
-void launch_weighted_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const float* weight,
-                                        const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
-                                        bool blocked, launch_context& lc);
 // ops/query_state.cu: query_state with both operands split into b16 hi + lo (dv's state term where
 // the keys' pullback tiles do not serve: the sm_80 kernel).
 void launch_split_query_state(const query_inputs& in, const gates& g, const phi_tables& phi, const expanse_problem& pb,

@@ -9,13 +9,12 @@
 #include "kernels/sm90/blocked_update_state.cuh"
 #include "kernels/sm90/wgmma_update_state.cuh"
 #include "ops/op_common.hpp"
+#include "ops/update_state.hpp"
 
 namespace expanse_cuda {
 
 // This backend's own implementations: why each declines a problem, and its launcher (defined
-// below, declared here for the list's entries that call them).
-std::string mma_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
-                                      const expanse_tensor& S, const expanse_tensor* z, const device_props& props);
+// below, declared here for the list's entries that call them; ops/update_state.hpp has the rest).
 void launch_mma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
                              const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                              launch_context& lc);
@@ -24,8 +23,6 @@ std::string wgmma_update_state_declines(const expanse_problem& pb, const expanse
 void launch_wgmma_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g, const phi_tables& phi,
                                const expanse_problem& pb, const expanse_tensor& S, const expanse_tensor* z,
                                launch_context& lc);
-std::string blocked_update_state_declines(const expanse_problem& pb, const expanse_tensor& k, const expanse_tensor& v,
-                                          const expanse_tensor& S, const expanse_tensor* z, const device_props& props);
 void launch_blocked_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
                                  const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
                                  const expanse_tensor* z, launch_context& lc);
