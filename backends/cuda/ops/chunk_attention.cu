@@ -1,10 +1,12 @@
 // chunk_attention: causal power attention inside each chunk, stabilized in log space (y, l, rowmax).
-// Implementations, best first: "flash" (tensor cores, f16/bf16, d and e in {32, 64, 128}),
-// "simple" (32 lanes per query row, any shape and dtype; shared with the HIP backend,
-// gpu/ops/chunk_attention.cu).
+// Implementations, best first: "flash" (tensor cores, f16/bf16, d and e in {32, 64, 128}: mma.sync,
+// kernels/sm80/flash_chunk_attention.cuh, or on sm_90a at d = e = 64 wgmma,
+// kernels/sm90/wgmma_flash_chunk_attention.cuh), "simple" (32 lanes per query row, any shape and
+// dtype; shared with the HIP backend, gpu/ops/chunk_attention.cu).
 #include "gpu/ops/chunk_attention.hpp"
 #include "gpu/ops/implementations.hpp"
 #include "kernels/sm80/flash_chunk_attention.cuh"
+#include "kernels/sm90/wgmma_flash_chunk_attention.cuh"
 #include "ops/flash_chunk_attention.hpp"
 #include "ops/op_common.hpp"
 
@@ -68,10 +70,17 @@ void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, co
   P.q_tiles = static_cast<int>((std::min(pb.c, pb.t) + kRows - 1) / kRows);
   const int64_t ctas = int64_t(P.q_tiles) * pb.n * pb.hq * pb.b;
   if (ctas == 0) return;
+  // wgmma where the device runs this build's sm_90a code and d = e = 64 (its one instantiation).
+  const bool wgmma = (lc.props.features & kSm90a) != 0 && pb.d == wgmma_flash_cfg::kDim && pb.e == wgmma_flash_cfg::kDim;
   with_b16_head_dims(pb.input_dtype, pb.d, pb.e, [&](auto type_tag, auto d_tag, auto e_tag) {
     using T = decltype(type_tag);
     constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
-    if (P.y)
+    if (wgmma && P.y)
+      launch_with_smem(wgmma_flash_chunk_attention_kernel<T, true>, ctas, kThreads, wgmma_flash_smem<T, true>(), lc.stream, P);
+    else if (wgmma)
+      launch_with_smem(wgmma_flash_chunk_attention_kernel<T, false>, ctas, kThreads, wgmma_flash_smem<T, false>(), lc.stream,
+                       P);
+    else if (P.y)
       launch_with_smem(flash_chunk_attention_kernel<T, DH, E>, ctas, kThreads, flash_smem<T, DH, E>(), lc.stream, P);
     else  // the denominators alone
       launch_with_smem(flash_chunk_attention_kernel<T, DH, E, false>, ctas, kThreads, flash_smem<T, DH, E, false>(),

@@ -47,12 +47,158 @@ constexpr size_t flash_smem() {
          (kRows + kKeys) * sizeof(float) + kRows * sizeof(int);
 }
 
+// The CTA's 64 query rows into qs ([64][DH + 8], padded for ldmatrix; zeros past the chunk), their
+// restarted Gc in base 2 plus p log2|scale| (log2|scale q.k| = log2|scale| + log2|q.k|) into gq, and
+// their first keys into fk (tid: the thread of 128).
+template <class T, int DH>
+__device__ __forceinline__ void flash_load_queries(const flash_params& P, const T* qbase, int64_t first, int64_t len,
+                                                   int q0, int64_t bh, int tid, T* qs, float* gq, int* fk) {
+  constexpr int kRows = flash_cfg::kRows, kQS = DH + 8;
+  constexpr float kLog2e = 1.4426950408889634f;
+  for (int vi = tid; vi < kRows * DH / 8; vi += flash_cfg::kThreads) {
+    const int s = vi / (DH / 8), c8 = vi % (DH / 8);
+    const uint4 val = q0 + s < len ? *reinterpret_cast<const uint4*>(qbase + (first + q0 + s) * P.q_st + c8 * 8)
+                                   : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(qs + s * kQS + c8 * 8) = val;
+  }
+  const float p_log2_scale = P.p * __log2f(fabsf(P.scale));
+  if (tid < kRows) {
+    gq[tid] = (q0 + tid < len ? P.g.since_reset(bh, P.t, first + q0 + tid) * kLog2e : 0.f) + p_log2_scale;
+    fk[tid] = q0 + tid < len ? P.g.first_key(bh, P.t, first + q0 + tid) : 0;
+  }
+}
+
+// A warp's view of its 16 query rows (rows g and g + 8 of the m16 tile for this thread), for the
+// terms between the two products of a key block.
+struct flash_rows {
+  int q0;                  // the CTA's first query row, local to the chunk
+  int local[2];            // this thread's two rows, local to the chunk
+  float g[2];              // their restarted Gc in base 2, plus p log2|scale|
+  const int* first_key;    // the CTA's rows' first keys (shared memory), read in masked blocks only
+  int warp_first_key;      // the latest first key of the warp's 16 rows
+  int warp_row0;           // the warp's first row within the CTA's
+};
+
+// Warp `warp`'s rows (g: this lane's row in the m16 tile) of a CTA whose 64 rows start at q0, from the
+// rows' Gc (gq) and first keys (fk) in shared memory.
+__device__ __forceinline__ flash_rows warp_rows(int q0, int warp, int g, const float* gq, const int* fk) {
+  flash_rows r;
+  r.q0 = q0, r.warp_row0 = warp * 16;
+  r.local[0] = q0 + warp * 16 + g, r.local[1] = q0 + warp * 16 + g + 8;
+  r.g[0] = gq[warp * 16 + g], r.g[1] = gq[warp * 16 + g + 8];
+  r.first_key = fk;
+  int wfk = max(fk[warp * 16 + g], fk[warp * 16 + g + 8]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) wfk = max(wfk, __shfl_xor_sync(0xffffffffu, wfk, o));
+  r.warp_first_key = wfk;
+  return r;
+}
+
+// The terms of one block of 64 keys, shared by the mma.sync and the wgmma kernel (their accumulators
+// share a layout: warp w, rows 16 w + g and + 8, columns 8 nt + 2 tq, + 1): s holds Q K^T on entry.
+// Log-space scores, masks and signs, the new row maxima (m), the sums (l) and the output's rescale
+// (acc, kValues), and P = sign 2^(s - m) packed as A fragments for P V (pa, kValues).
+template <class T, bool kValues, int kNT>
+__device__ __forceinline__ void flash_block_terms(const flash_params& P, const flash_rows& rows, const float* gk, int key0,
+                                                  int64_t len, int g, int tq, float (&s)[8][4], float (&mrow)[2],
+                                                  float (&lrow)[2], float (&acc)[kNT][4], uint32_t (&pa)[4][4]) {
+  constexpr int kKeys = flash_cfg::kKeys;
+  // A zero dot gives log2 0 = -inf, the same as a masked key; blocks wholly below the diagonal and
+  // inside the chunk (all but the last one or two of a row tile) skip the per-score mask.
+  const bool odd = P.p & 1, scale_negative = P.scale < 0.f;
+  uint32_t negative = 0;
+  float bmax[2] = {-INFINITY, -INFINITY};
+  const bool unmasked = key0 + kKeys - 1 <= rows.q0 + rows.warp_row0 && key0 + kKeys <= len && key0 >= rows.warp_first_key;
+  auto scores = [&](auto masked) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int hf = i >> 1, j = nt * 8 + 2 * tq + (i & 1);
+        const float dot = s[nt][i];
+        float sc = fmaf(float(P.p), __log2f(fabsf(dot)), rows.g[hf] - gk[j]);
+        if (masked && !(key0 + j <= rows.local[hf] && key0 + j < len &&
+                        key0 + j >= rows.first_key[rows.warp_row0 + g + 8 * hf]))
+          sc = -INFINITY;
+        if (odd && (dot < 0.f) != scale_negative) negative |= 1u << (nt * 4 + i);
+        s[nt][i] = sc;
+        bmax[hf] = fmaxf(bmax[hf], sc);
+      }
+  };
+  if (unmasked) scores(std::false_type{});
+  else scores(std::true_type{});
+  float alpha[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    bmax[hf] = fmaxf(bmax[hf], __shfl_xor_sync(0xffffffffu, bmax[hf], 1));
+    bmax[hf] = fmaxf(bmax[hf], __shfl_xor_sync(0xffffffffu, bmax[hf], 2));
+    const float mnew = fmaxf(mrow[hf], bmax[hf]);
+    alpha[hf] = mnew == -INFINITY ? 1.f : fast_exp2(mrow[hf] - mnew);  // exp2(-inf) = 0
+    mrow[hf] = mnew;
+    lrow[hf] *= alpha[hf];
+  }
+  if constexpr (kValues) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[nt][i] *= alpha[i >> 1];
+  }
+  // P = sign 2^(s - m), packed as A fragments for P V.
+  // 2^(-inf - m) = 0 for masked scores while m is finite; a row with no score yet uses m = 0.
+  const float msub[2] = {mrow[0] == -INFINITY ? 0.f : mrow[0], mrow[1] == -INFINITY ? 0.f : mrow[1]};
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    float w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int hf = i >> 1;
+      w[i] = fast_exp2(s[nt][i] - msub[hf]);
+      if (negative & (1u << (nt * 4 + i))) w[i] = -w[i];
+      lrow[hf] += w[i];
+    }
+    if constexpr (kValues) {
+      pa[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(w[0], w[1]);
+      pa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(w[2], w[3]);
+    }
+  }
+}
+
+// The outputs of this thread's two rows: y (kValues), l and rowmax, after the quad's row sums.
+template <bool kValues, int kNT>
+__device__ __forceinline__ void flash_store_rows(const flash_params& P, const flash_rows& rows, int64_t batch, int64_t qh,
+                                                 int64_t first, int64_t len, int tq, const float (&mrow)[2],
+                                                 float (&lrow)[2], const float (&acc)[kNT][4]) {
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    lrow[hf] += __shfl_xor_sync(0xffffffffu, lrow[hf], 1);
+    lrow[hf] += __shfl_xor_sync(0xffffffffu, lrow[hf], 2);
+    const int local = rows.local[hf];
+    if (local >= len) continue;
+    const int64_t i = first + local;
+    const bool empty = mrow[hf] == -INFINITY;
+    if constexpr (kValues) {
+      float* yrow = P.y + batch * P.y_sb + i * P.y_st + qh * P.y_sh;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int col = nt * 8 + 2 * tq;
+        yrow[col * P.y_se] = empty ? 0.f : acc[nt][2 * hf];
+        yrow[(col + 1) * P.y_se] = empty ? 0.f : acc[nt][2 * hf + 1];
+      }
+    }
+    if (tq == 0) {
+      if (P.l) P.l[batch * P.l_sb + i * P.l_st + qh * P.l_sh] = empty ? 0.f : lrow[hf];
+      if (P.rowmax) P.rowmax[batch * P.r_sb + i * P.r_st + qh * P.r_sh] = empty ? 0.f : mrow[hf] * kLn2;
+    }
+  }
+}
+
 template <class T, int DH, int E, bool kValues = true>
 __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params P) {
   using namespace flash_cfg;
   constexpr int kQS = DH + 8, kVS = E + 8, kNT = kValues ? E / 8 : 1;
   constexpr int kKVec = kKeys * DH / 8 / kThreads, kVVec = kValues ? kKeys * E / 8 / kThreads : 0;
-  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+  constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kRows][kQS]
   T* ks = qs + kRows * kQS;                // [kKeys][kQS]
@@ -73,18 +219,7 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
   const T* qbase = static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh;
   const T* kbase = static_cast<const T*>(P.k) + batch * P.k_sb + kv * P.k_sh;
   const T* vbase = static_cast<const T*>(P.v) + batch * P.v_sb + kv * P.v_sh;
-  for (int vi = tid; vi < kRows * DH / 8; vi += kThreads) {
-    const int s = vi / (DH / 8), c8 = vi % (DH / 8);
-    const uint4 val = q0 + s < len ? *reinterpret_cast<const uint4*>(qbase + (first + q0 + s) * P.q_st + c8 * 8)
-                                   : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(qs + s * kQS + c8 * 8) = val;
-  }
-  // Gc in base 2; the query side also carries p log2|scale| (log2|scale q.k| = log2|scale| + log2|q.k|).
-  const float p_log2_scale = P.p * __log2f(fabsf(P.scale));
-  if (tid < kRows) {
-    gq[tid] = (q0 + tid < len ? P.g.since_reset(bh, P.t, first + q0 + tid) * kLog2e : 0.f) + p_log2_scale;
-    fk[tid] = q0 + tid < len ? P.g.first_key(bh, P.t, first + q0 + tid) : 0;
-  }
+  flash_load_queries<T, DH>(P, qbase, first, len, q0, bh, tid, qs, gq, fk);
 
   uint4 kreg[kKVec], vreg[kVVec > 0 ? kVVec : 1];
   float greg = 0.f;
@@ -128,13 +263,9 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
 #pragma unroll
   for (int kk = 0; kk < DH / 16; ++kk)
     ldmatrix_x4(qa[kk], qs + (warp * 16 + (lane & 15)) * kQS + kk * 16 + (lane >> 4) * 8);
-  const int row_local[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
-  const float grow[2] = {gq[warp * 16 + g], gq[warp * 16 + g + 8]};
   // The latest first key (after a reset) of the warp's rows: blocks from there on need no reset mask.
   // (Each row's own is read from shared memory in the masked blocks only, to keep registers free.)
-  int warp_first_key = max(fk[warp * 16 + g], fk[warp * 16 + g + 8]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) warp_first_key = max(warp_first_key, __shfl_xor_sync(0xffffffffu, warp_first_key, o));
+  const flash_rows rows = warp_rows(q0, warp, g, gq, fk);
 
   float acc[kNT][4];
 #pragma unroll
@@ -142,73 +273,15 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
   float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
-  const bool odd = P.p & 1, scale_negative = P.scale < 0.f;
 
   for (int blk = 0; blk < blocks; ++blk) {
     const int key0 = blk * kKeys;
     if (blk + 1 < blocks) load_block(key0 + kKeys);
-    // Scores: Q K^T for 64 keys (8 n-tiles).
+    // Scores: Q K^T for 64 keys (8 n-tiles), then the terms and O += P V.
     float s[8][4];
     rows_times_rows<T, DH>(s, qa, ks, kQS, lane);
-    // Log-space scores, masks, signs and the new row maxima. A zero dot gives log2 0 = -inf, the
-    // same as a masked key; blocks wholly below the diagonal and inside the chunk (all but the last
-    // one or two of a row tile) skip the per-score mask.
-    uint32_t negative = 0;
-    float bmax[2] = {-INFINITY, -INFINITY};
-    const bool unmasked = key0 + kKeys - 1 <= q0 + warp * 16 && key0 + kKeys <= len && key0 >= warp_first_key;
-    auto scores = [&](auto masked) {
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int hf = i >> 1, j = nt * 8 + 2 * tq + (i & 1);
-          const float dot = s[nt][i];
-          float sc = fmaf(float(P.p), __log2f(fabsf(dot)), grow[hf] - gk[j]);
-          if (masked && !(key0 + j <= row_local[hf] && key0 + j < len && key0 + j >= fk[warp * 16 + g + 8 * hf]))
-            sc = -INFINITY;
-          if (odd && (dot < 0.f) != scale_negative) negative |= 1u << (nt * 4 + i);
-          s[nt][i] = sc;
-          bmax[hf] = fmaxf(bmax[hf], sc);
-        }
-    };
-    if (unmasked) scores(std::false_type{});
-    else scores(std::true_type{});
-    float alpha[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      bmax[hf] = fmaxf(bmax[hf], __shfl_xor_sync(0xffffffffu, bmax[hf], 1));
-      bmax[hf] = fmaxf(bmax[hf], __shfl_xor_sync(0xffffffffu, bmax[hf], 2));
-      const float mnew = fmaxf(mrow[hf], bmax[hf]);
-      alpha[hf] = mnew == -INFINITY ? 1.f : fast_exp2(mrow[hf] - mnew);  // exp2(-inf) = 0
-      mrow[hf] = mnew;
-      lrow[hf] *= alpha[hf];
-    }
-    if constexpr (kValues) {
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[nt][i] *= alpha[i >> 1];
-    }
-    // P = sign 2^(s - m), packed as A fragments for P V.
-    // 2^(-inf - m) = 0 for masked scores while m is finite; a row with no score yet uses m = 0.
-    const float msub[2] = {mrow[0] == -INFINITY ? 0.f : mrow[0], mrow[1] == -INFINITY ? 0.f : mrow[1]};
     uint32_t pa[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      float w[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int hf = i >> 1;
-        w[i] = fast_exp2(s[nt][i] - msub[hf]);
-        if (negative & (1u << (nt * 4 + i))) w[i] = -w[i];
-        lrow[hf] += w[i];
-      }
-      if constexpr (kValues) {
-        pa[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(w[0], w[1]);
-        pa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(w[2], w[3]);
-      }
-    }
-    // O += P V.
+    flash_block_terms<T, kValues>(P, rows, gk, key0, len, g, tq, s, mrow, lrow, acc, pa);
     if constexpr (kValues) add_times_tile<T, E>(acc, pa, vs, kVS, lane);
     __syncthreads();
     if (blk + 1 < blocks) {
@@ -216,30 +289,7 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
       __syncthreads();
     }
   }
-
-  // Row sums across the quad, then the outputs.
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    lrow[hf] += __shfl_xor_sync(0xffffffffu, lrow[hf], 1);
-    lrow[hf] += __shfl_xor_sync(0xffffffffu, lrow[hf], 2);
-    const int local = row_local[hf];
-    if (local >= len) continue;
-    const int64_t i = first + local;
-    const bool empty = mrow[hf] == -INFINITY;
-    if constexpr (kValues) {
-      float* yrow = P.y + batch * P.y_sb + i * P.y_st + qh * P.y_sh;
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const int col = nt * 8 + 2 * tq;
-        yrow[col * P.y_se] = empty ? 0.f : acc[nt][2 * hf];
-        yrow[(col + 1) * P.y_se] = empty ? 0.f : acc[nt][2 * hf + 1];
-      }
-    }
-    if (tq == 0) {
-      if (P.l) P.l[batch * P.l_sb + i * P.l_st + qh * P.l_sh] = empty ? 0.f : lrow[hf];
-      if (P.rowmax) P.rowmax[batch * P.r_sb + i * P.r_st + qh * P.r_sh] = empty ? 0.f : mrow[hf] * kLn2;
-    }
-  }
+  flash_store_rows<kValues>(P, rows, batch, qh, first, len, tq, mrow, lrow, acc);
 }
 
 }  // namespace expanse_cuda

@@ -61,6 +61,14 @@ __device__ __forceinline__ uint64_t nmajor_swizzled_desc(const void* tile, uint3
   return ((addr & 0x3FFFF) >> 4) | (uint64_t((n_block_stride_bytes >> 4) & 0x3FFF) << 16) |
          (uint64_t((k8_stride_bytes >> 4) & 0x3FFF) << 32) | (mode << 62);
 }
+// Descriptor of a K-major B tile with 128-byte swizzling: rows of 128 bytes (64 k values of one n),
+// laid out as swizzled_row_offset(n, chunk, 128) from a 1024-byte aligned base, 8-row groups 1024
+// bytes apart. `at` is the base plus the byte offset of the k16 slice within the rows (32 per slice);
+// the leading byte offset is unused in this mode.
+__device__ __forceinline__ uint64_t kmajor_swizzled_desc(const void* at) {
+  const uint64_t addr = smem_address(at);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
 // The byte offset of 16-byte chunk c of row r in a swizzled tile of `row_bytes` rows (128 or 64):
 // bits 4.. of the address XOR its bits 7.. (the hardware's swizzle, anchored at 1024 bytes).
 __host__ __device__ constexpr uint32_t swizzled_row_offset(uint32_t r, uint32_t c, uint32_t row_bytes) {
