@@ -118,8 +118,8 @@ __global__ void __launch_bounds__(flash_cfg::kThreads, 3) wgmma_flash_chunk_atte
       for (int i = 0; i < 4; ++i) s[nt][i] = 0.f;
     wgmma_pin(reinterpret_cast<float(&)[32]>(s));
     // This warp's 16 query rows as A fragments, for every k16 slice of d, loaded for each block:
-    // loaded once before the loop, ptxas (CUDA 13.0) gave their registers to P's fragments of the
-    // values kernel, and every block after the first multiplied P by the keys.
+    // loaded once before the loop, the compiler (CUDA 13.0) gave their registers to P's fragments
+    // of the values kernel, and every block after the first multiplied P by the keys.
     uint32_t qa[DH / 16][4];
 #pragma unroll
     for (int kk = 0; kk < DH / 16; ++kk)
