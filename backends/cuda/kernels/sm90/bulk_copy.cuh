@@ -12,37 +12,45 @@
 
 #include "kernels/sm90/wgmma.cuh"
 
+// mbarrier and the proxy fence are sm_90 PTX, not architecture-specific: every device from Hopper on
+// (kernels/sm100's tcgen05 products complete on them too).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define EXPANSE_MBARRIER_DEVICE 1
+#else
+#define EXPANSE_MBARRIER_DEVICE 0
+#endif
+
 namespace expanse_cuda {
 
 // One barrier that completes a phase after `arrivals` arrivals (and the bytes announced with them).
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
-#if EXPANSE_SM90A_DEVICE
+#if EXPANSE_MBARRIER_DEVICE
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
 #endif
 }
 // Makes this thread's barrier initializations visible to the other threads and to the copy engine
 // (before the CTA barrier that follows).
 __device__ __forceinline__ void mbarrier_init_fence() {
-#if EXPANSE_SM90A_DEVICE
+#if EXPANSE_MBARRIER_DEVICE
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-#if EXPANSE_SM90A_DEVICE
+#if EXPANSE_MBARRIER_DEVICE
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
 #endif
 }
 // One arrival that also announces `bytes` more to be completed by copies before the phase ends.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-#if EXPANSE_SM90A_DEVICE
+#if EXPANSE_MBARRIER_DEVICE
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
                : "memory");
 #endif
 }
 // Waits until the phase of parity `parity` has completed.
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-#if EXPANSE_SM90A_DEVICE
+#if EXPANSE_MBARRIER_DEVICE
   uint32_t done = 0;
   do {
     asm volatile(
