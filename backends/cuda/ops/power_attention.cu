@@ -1,8 +1,8 @@
 // power_attention on the CUDA backend: the chunked algorithm every GPU backend shares (each step
 // through its own list; gpu/ops/power_attention.cu) with its states made by update_state with split
-// operands at p <= 2, then "fused" (the state kept on chip; P1's shapes; ops/power_attention_fused.cu). fused
-// comes second because it is slower today (5.8 against 2.0 ms at P1, t = 65536; docs/fused.md): it
-// runs where chunked is skipped (EXPANSE_CUDA_SKIP=chunked). Its exchanging call (context
+// operands at p <= 2, then "fused" (the state kept on chip; P1's shapes; ops/power_attention_fused.cu).
+// fused comes second because it is slower today (5.8 against 2.2 ms at P1, t = 65536; docs/fused.md):
+// it runs where chunked is skipped (EXPANSE_CUDA_SKIP=chunked). Its exchanging call (context
 // parallelism) is chunked's.
 #include "gpu/ops/chunk_states.hpp"
 #include "gpu/ops/implementations.hpp"
@@ -23,7 +23,7 @@ namespace {
 // cancels when its state holds few keys (after a reset near a chunk's end, or under strong decay) and
 // the query is nearly orthogonal to them: with the keys' features rounded to b16 as the update_state
 // list's fastest kernels make them, such a row of o came out 20% off and the whole output 3.5e-2 (bf16,
-// resets; tests/gpu_regressions.txt). The split sweep costs 0.42 ms more at P1 t = 65536.
+// resets; tests/gpu_regressions.txt). The split sweep costs 0.33 ms more at P1 t = 65536 (forward 1.97 -> 2.30 ms).
 void launch_accurate_update_state(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
                                   const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
                                   const expanse_tensor* z, launch_context& lc) {

@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(tcgen05_update_state_cfg::kThreads, 1)
   uint64_t* const done = reinterpret_cast<uint64_t*>(gate + kTok);
   uint32_t* const tmem_at = reinterpret_cast<uint32_t*>(done + 1);
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x, warp = tid >> 5;
   const cta_coords at = decode_cta(P.row_tiles, P.h, P.n);
   const int64_t head = at.head, m = at.chunk, batch = at.batch, bh = batch * P.h + head;
   const int64_t first = m * P.c, len = min(P.c, P.t - first);
@@ -153,7 +153,6 @@ __global__ void __launch_bounds__(tcgen05_update_state_cfg::kThreads, 1)
       P.z[batch * P.z_sb + m * P.z_sn + head * P.z_sh + row * P.z_sD] = __uint_as_float(r[0]) * entry.coef;
     }
   }
-  (void)lane;
   tcgen05_fence_before();
   __syncthreads();
   if (warp == 0) tmem_dealloc<kColumns>(tmem);

@@ -17,10 +17,11 @@
 // A tile is 4 phi blocks (256 rows) x all e columns over one chunk of one head, in K steps of 64
 // tokens. One CTA per SM takes the tiles in turn (tile = blockIdx.x + k gridDim.x); its roles loop
 // over the same tiles and steps:
-// - the producer warpgroup (two for kSplit) copies each step's value rows into a step buffer (kSplit: into the raw
-//   stage), and its key rows and token gates into a raw stage, by cp.async (raw_stages - 1 steps ahead, across tiles); then per
-//   step it transposes the key rows into the buffer's key tile (ldmatrix.trans, 16-byte stores) and
-//   writes the gates, and arrives on the buffer's "full" barrier (bulk_copy.cuh);
+// - the producer warpgroup (two for kSplit) copies each step's value rows into a step buffer
+//   (kSplit: into the raw stage), and its key rows and token gates into a raw stage, by cp.async
+//   (raw_stages - 1 steps ahead, across tiles); then per step it transposes the key rows into the
+//   buffer's key tile (ldmatrix.trans, 16-byte stores) and writes the gates, and arrives on the
+//   buffer's "full" barrier (bulk_copy.cuh);
 // - two consumer warpgroups (2 m64 tiles each) form A from the key tile, multiply, release the
 //   buffer on its "empty" barrier, and write the tile's rows of S and z.
 // kSplit (p = 2; the tensor-core power_attention_backward's forward sweep and cotangent states, whose
@@ -34,7 +35,8 @@
 // (tensor pipe 39% busy); this form issues 210, the tensor pipe is 61% busy, and the time is the same
 // (1.1 ms at P1 t = 65536): the consumers wait for the producer's B (docs/performance.md, lesson
 // 15). A second producer warpgroup (half the rows per thread) took it to 1.07 ms, the tensor pipe 65%
-// busy; B's lo part stored negated (16 fewer producer instructions per step) gained nothing. With P.weight each token's weight takes the place of exp(A - Gc_j).
+// busy; B's lo part stored negated (16 fewer producer instructions per step) gained nothing. With
+// P.weight each token's weight takes the place of exp(A - Gc_j).
 //
 // History (docs/performance.md): one CTA per tile with every warp staging and then multiplying, a
 // CTA barrier per step, ran at 220 TFLOP/s at P1; the same work split into producer and consumers
