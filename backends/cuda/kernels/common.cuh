@@ -22,6 +22,25 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// log2(|x| 2^24) by the special-function unit, for every finite x: lg2.approx.ftz flushes subnormal
+// inputs to 0 (log -inf), so |x| is scaled by 2^24 first and held below FLT_MAX; the caller takes
+// the 24 off where it is cheapest. (__log2f spent four instructions per call on the same range
+// handling: a third of the flash kernel's score terms.)
+constexpr float kLog2AbsOffset = 24.f;
+__device__ __forceinline__ float log2_abs_offset(float x) {
+  const float scaled = fminf(fabsf(x) * 16777216.f, 3.40282347e38f);
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(scaled));
+  return y;
+}
+
+// The byte offset of 16-byte chunk c of row r in a swizzled tile of `row_bytes` rows (128 or 64):
+// bits 4.. of the address XOR its bits 7.. (the hardware's swizzle, anchored at 1024 bytes).
+__host__ __device__ constexpr uint32_t swizzled_row_offset(uint32_t r, uint32_t c, uint32_t row_bytes) {
+  const uint32_t linear = r * row_bytes + c * 16;
+  return linear ^ (((linear >> 7) & (row_bytes / 16 - 1)) << 4);
+}
+
 // 2^k as a float, exactly, for -126 <= k <= 127 (the exponent field alone).
 __device__ __forceinline__ float pow2_of(int k) { return __int_as_float((k + 127) << 23); }
 

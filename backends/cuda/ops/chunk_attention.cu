@@ -68,6 +68,7 @@ void launch_flash_chunk_attention(const attention_inputs& in, const gates& g, co
   P.t = pb.t; P.c = pb.c; P.n = pb.n; P.h = pb.h; P.hq = pb.hq; P.p = pb.p;
   P.scale = static_cast<float>(pb.scale);
   P.q_tiles = static_cast<int>((std::min(pb.c, pb.t) + kRows - 1) / kRows);
+  P.group = chunk_heads_per_l2_group(std::min(pb.c, pb.t) * (pb.d + pb.e) * 2 /* b16 keys and values */);
   const int64_t ctas = int64_t(P.q_tiles) * pb.n * pb.hq * pb.b;
   if (ctas == 0) return;
   // wgmma where the device runs this build's sm_90a code and d = e = 64 (its one instantiation).

@@ -2,6 +2,7 @@
 // tensor offsets, the feature-map table, the gate prefix sums, grid-stride loops and CTA coordinates.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -154,6 +155,10 @@ struct gates {
   __device__ __forceinline__ float since_reset(int64_t bh, int64_t t_len, int64_t i) const {
     return restarted ? restarted[bh * t_len + i] : 0.f;
   }
+  // Its address (null without gates), for asynchronous copies.
+  __device__ __forceinline__ const float* since_reset_at(int64_t bh, int64_t t_len, int64_t i) const {
+    return restarted ? restarted + bh * t_len + i : nullptr;
+  }
   // The first chunk-local key whose decay to token i is not 0: the last reset at or before i, or the
   // chunk start.
   __device__ __forceinline__ int first_key(int64_t bh, int64_t t_len, int64_t i) const {
@@ -229,6 +234,28 @@ __device__ __forceinline__ cta_coords decode_cta(int tiles, int64_t heads, int64
 }
 __device__ __forceinline__ cta_coords decode_cta(int tiles, int64_t heads, int64_t chunks) {
   return decode_cta(tiles, heads, chunks, blockIdx.x);
+}
+
+// The same grid (tiles CTAs for each chunk-head: a chunk of one head and batch) taken by rank within
+// groups of `group` chunk-heads: the groups in turn, and in a group rank 0 of every chunk-head, then
+// rank 1, ... The kernel maps the rank (returned as .tile) to its tile so that the tiles with the
+// most work come first, and the host sizes the group so that the data of the CTAs in flight fits in
+// L2 (chunk_heads_per_l2_group). Causal kernels need both: in plain order the longest tiles of the
+// last heads start last (the tail), and over every chunk-head at once the CTAs in flight read their
+// keys from DRAM (docs/performance.md, lesson 10).
+__device__ __forceinline__ cta_coords decode_cta_by_rank(int tiles, int64_t heads, int64_t chunks, int64_t group) {
+  const int64_t chunk_heads = int64_t(gridDim.x) / tiles, cta = blockIdx.x;
+  const int64_t group_first = cta / (group * tiles) * group, in_group = min(group, chunk_heads - group_first);
+  const int64_t r = cta - group_first * tiles;
+  cta_coords at = decode_cta(1, heads, chunks, group_first + r % in_group);
+  at.tile = static_cast<int>(r / in_group);
+  return at;
+}
+
+// Chunk-heads per group of decode_cta_by_rank for kernels that read `bytes` per chunk-head: 16 MB,
+// a third of the H100's L2, in flight.
+inline int64_t chunk_heads_per_l2_group(int64_t bytes) {
+  return std::max<int64_t>(1, (int64_t(16) << 20) / std::max<int64_t>(bytes, 1));
 }
 
 }  // namespace expanse_gpu

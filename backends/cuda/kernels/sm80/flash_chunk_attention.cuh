@@ -33,8 +33,18 @@ struct flash_params {
   gates g;
   int64_t t, c, n, h, hq;
   int p, q_tiles;
+  int64_t group;  // chunk-heads per group of the CTA order (decode_cta_by_rank)
   float scale;
 };
+
+// The CTA's chunk, head and query tile: the tiles with the most key blocks (the last) first, within
+// groups of chunk-heads whose keys and values stay in L2 (P.group). In plain order the longest tiles
+// of the last heads started last.
+__device__ __forceinline__ cta_coords flash_cta(const flash_params& P) {
+  cta_coords at = decode_cta_by_rank(P.q_tiles, P.hq, P.n, P.group);
+  at.tile = P.q_tiles - 1 - at.tile;
+  return at;
+}
 
 namespace flash_cfg {
 constexpr int kThreads = 128, kRows = 64, kKeys = 64;
@@ -47,10 +57,12 @@ constexpr size_t flash_smem() {
          (kRows + kKeys) * sizeof(float) + kRows * sizeof(int);
 }
 
-// The CTA's 64 query rows into qs ([64][DH + 8], padded for ldmatrix; zeros past the chunk), their
-// restarted Gc in base 2 plus p log2|scale| (log2|scale q.k| = log2|scale| + log2|q.k|) into gq, and
-// their first keys into fk (tid: the thread of 128).
-template <class T, int DH>
+// The CTA's 64 query rows into qs (zeros past the chunk): [64][DH + 8], padded for ldmatrix, or with
+// kSwizzled rows of 128 bytes at the hardware's 128-byte swizzle (a K-major wgmma operand; DH = 64,
+// 1024-byte aligned qs). Their
+// restarted Gc in base 2 plus p log2|scale| (log2|scale q.k| = log2|scale| + log2|q.k|) less p 24
+// (the offset of log2_abs_offset) into gq, and their first keys into fk (tid: the thread of 128).
+template <class T, int DH, bool kSwizzled = false>
 __device__ __forceinline__ void flash_load_queries(const flash_params& P, const T* qbase, int64_t first, int64_t len,
                                                    int q0, int64_t bh, int tid, T* qs, float* gq, int* fk) {
   constexpr int kRows = flash_cfg::kRows, kQS = DH + 8;
@@ -59,9 +71,14 @@ __device__ __forceinline__ void flash_load_queries(const flash_params& P, const 
     const int s = vi / (DH / 8), c8 = vi % (DH / 8);
     const uint4 val = q0 + s < len ? *reinterpret_cast<const uint4*>(qbase + (first + q0 + s) * P.q_st + c8 * 8)
                                    : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(qs + s * kQS + c8 * 8) = val;
+    if constexpr (kSwizzled) {
+      static_assert(DH * sizeof(T) == 128, "swizzled rows are 128 bytes");
+      *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(qs) + swizzled_row_offset(s, c8, 128)) = val;
+    } else {
+      *reinterpret_cast<uint4*>(qs + s * kQS + c8 * 8) = val;
+    }
   }
-  const float p_log2_scale = P.p * __log2f(fabsf(P.scale));
+  const float p_log2_scale = P.p * (__log2f(fabsf(P.scale)) - kLog2AbsOffset);
   if (tid < kRows) {
     gq[tid] = (q0 + tid < len ? P.g.since_reset(bh, P.t, first + q0 + tid) * kLog2e : 0.f) + p_log2_scale;
     fk[tid] = q0 + tid < len ? P.g.first_key(bh, P.t, first + q0 + tid) : 0;
@@ -73,7 +90,7 @@ __device__ __forceinline__ void flash_load_queries(const flash_params& P, const 
 struct flash_rows {
   int q0;                  // the CTA's first query row, local to the chunk
   int local[2];            // this thread's two rows, local to the chunk
-  float g[2];              // their restarted Gc in base 2, plus p log2|scale|
+  float g[2];              // their restarted Gc in base 2, plus p (log2|scale| - kLog2AbsOffset)
   const int* first_key;    // the CTA's rows' first keys (shared memory), read in masked blocks only
   int warp_first_key;      // the latest first key of the warp's 16 rows
   int warp_row0;           // the warp's first row within the CTA's
@@ -95,39 +112,44 @@ __device__ __forceinline__ flash_rows warp_rows(int q0, int warp, int g, const f
 }
 
 // The terms of one block of 64 keys, shared by the mma.sync and the wgmma kernel (their accumulators
-// share a layout: warp w, rows 16 w + g and + 8, columns 8 nt + 2 tq, + 1): s holds Q K^T on entry.
-// Log-space scores, masks and signs, the new row maxima (m), the sums (l) and the output's rescale
-// (acc, kValues), and P = sign 2^(s - m) packed as A fragments for P V (pa, kValues).
-template <class T, bool kValues, int kNT>
-__device__ __forceinline__ void flash_block_terms(const flash_params& P, const flash_rows& rows, const float* gk, int key0,
-                                                  int64_t len, int g, int tq, float (&s)[8][4], float (&mrow)[2],
-                                                  float (&lrow)[2], float (&acc)[kNT][4], uint32_t (&pa)[4][4]) {
+// share a layout: warp w, rows 16 w + g and + 8, columns 8 nt + 2 tq, + 1): s holds Q K^T on entry,
+// gk the keys' restarted Gc (natural log, as the gate sums hold it: copied, not converted).
+// Log-space scores, masks and signs, the new row maxima (m) and the sums (l), and the weights P =
+// sign 2^(s - m) in s on return; alpha is the rescale of what was summed before (flash_rescale_pack).
+// The output accumulator is not touched: the wgmma kernel runs this while the previous block's
+// P V is in flight.
+__device__ __forceinline__ void flash_block_weights(const flash_params& P, const flash_rows& rows, const float* gk,
+                                                    int key0, int64_t len, int g, int tq, float (&s)[8][4],
+                                                    float (&mrow)[2], float (&lrow)[2], float (&alpha)[2]) {
   constexpr int kKeys = flash_cfg::kKeys;
+  constexpr float kLog2e = 1.4426950408889634f;
   // A zero dot gives log2 0 = -inf, the same as a masked key; blocks wholly below the diagonal and
-  // inside the chunk (all but the last one or two of a row tile) skip the per-score mask.
+  // inside the chunk (all but the last one or two of a row tile) skip the per-score mask, and even p
+  // (no sign to keep) skips the signs: each is a version of the loops of its own.
   const bool odd = P.p & 1, scale_negative = P.scale < 0.f;
   uint32_t negative = 0;
   float bmax[2] = {-INFINITY, -INFINITY};
   const bool unmasked = key0 + kKeys - 1 <= rows.q0 + rows.warp_row0 && key0 + kKeys <= len && key0 >= rows.warp_first_key;
-  auto scores = [&](auto masked) {
+  auto scores = [&](auto masked, auto signed_p) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int hf = i >> 1, j = nt * 8 + 2 * tq + (i & 1);
         const float dot = s[nt][i];
-        float sc = fmaf(float(P.p), __log2f(fabsf(dot)), rows.g[hf] - gk[j]);
+        float sc = fmaf(float(P.p), log2_abs_offset(dot), fmaf(-kLog2e, gk[j], rows.g[hf]));
         if (masked && !(key0 + j <= rows.local[hf] && key0 + j < len &&
                         key0 + j >= rows.first_key[rows.warp_row0 + g + 8 * hf]))
           sc = -INFINITY;
-        if (odd && (dot < 0.f) != scale_negative) negative |= 1u << (nt * 4 + i);
+        if (signed_p && (dot < 0.f) != scale_negative) negative |= 1u << (nt * 4 + i);
         s[nt][i] = sc;
         bmax[hf] = fmaxf(bmax[hf], sc);
       }
   };
-  if (unmasked) scores(std::false_type{});
-  else scores(std::true_type{});
-  float alpha[2];
+  if (unmasked && !odd) scores(std::false_type{}, std::false_type{});
+  else if (unmasked) scores(std::false_type{}, std::true_type{});
+  else if (!odd) scores(std::true_type{}, std::false_type{});
+  else scores(std::true_type{}, std::true_type{});
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     bmax[hf] = fmaxf(bmax[hf], __shfl_xor_sync(0xffffffffu, bmax[hf], 1));
@@ -137,29 +159,38 @@ __device__ __forceinline__ void flash_block_terms(const flash_params& P, const f
     mrow[hf] = mnew;
     lrow[hf] *= alpha[hf];
   }
-  if constexpr (kValues) {
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[nt][i] *= alpha[i >> 1];
-  }
-  // P = sign 2^(s - m), packed as A fragments for P V.
-  // 2^(-inf - m) = 0 for masked scores while m is finite; a row with no score yet uses m = 0.
+  // P = sign 2^(s - m): 2^(-inf - m) = 0 for masked scores while m is finite; a row with no score
+  // yet uses m = 0.
   const float msub[2] = {mrow[0] == -INFINITY ? 0.f : mrow[0], mrow[1] == -INFINITY ? 0.f : mrow[1]};
+  auto weights = [&](auto signed_p) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int hf = i >> 1;
+        float w = fast_exp2(s[nt][i] - msub[hf]);
+        if (signed_p && (negative & (1u << (nt * 4 + i)))) w = -w;
+        lrow[hf] += w;
+        s[nt][i] = w;
+      }
+  };
+  if (odd) weights(std::true_type{});
+  else weights(std::false_type{});
+}
+
+// The output's rescale by the block's alpha and its weights w (flash_block_weights) packed as A
+// fragments for P V.
+template <class T, int kNT>
+__device__ __forceinline__ void flash_rescale_pack(const float (&alpha)[2], const float (&w)[8][4], float (&acc)[kNT][4],
+                                                   uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] *= alpha[i >> 1];
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
-    float w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int hf = i >> 1;
-      w[i] = fast_exp2(s[nt][i] - msub[hf]);
-      if (negative & (1u << (nt * 4 + i))) w[i] = -w[i];
-      lrow[hf] += w[i];
-    }
-    if constexpr (kValues) {
-      pa[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(w[0], w[1]);
-      pa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(w[2], w[3]);
-    }
+    pa[nt >> 1][(nt & 1) * 2 + 0] = pack2_f32<T>(w[nt][0], w[nt][1]);
+    pa[nt >> 1][(nt & 1) * 2 + 1] = pack2_f32<T>(w[nt][2], w[nt][3]);
   }
 }
 
@@ -198,17 +229,16 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
   using namespace flash_cfg;
   constexpr int kQS = DH + 8, kVS = E + 8, kNT = kValues ? E / 8 : 1;
   constexpr int kKVec = kKeys * DH / 8 / kThreads, kVVec = kValues ? kKeys * E / 8 / kThreads : 0;
-  constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kRows][kQS]
   T* ks = qs + kRows * kQS;                // [kKeys][kQS]
   T* vs = ks + kKeys * kQS;                // [kKeys][kVS]
   float* gq = reinterpret_cast<float*>(vs + (kValues ? kKeys * kVS : 0));  // restarted Gc of the query rows
-  float* gk = gq + kRows;                                   // restarted Gc of the key rows
+  float* gk = gq + kRows;                                   // restarted Gc of the key rows (natural log)
   int* fk = reinterpret_cast<int*>(gk + kKeys);             // first key of each query row (its last reset)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-  const cta_coords at = decode_cta(P.q_tiles, P.hq, P.n);
+  const cta_coords at = flash_cta(P);
   const int qtile = at.tile;
   const int64_t qh = at.head, m = at.chunk, batch = at.batch;
   const int64_t kv = qh / (P.hq / P.h), bh = batch * P.h + kv;
@@ -236,7 +266,7 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
       vreg[i] = key0 + s < len ? *reinterpret_cast<const uint4*>(vbase + (first + key0 + s) * P.v_st + c8 * 8)
                                : make_uint4(0, 0, 0, 0);
     }
-    if (tid < kKeys) greg = key0 + tid < len ? P.g.since_reset(bh, P.t, first + key0 + tid) * kLog2e : 0.f;
+    if (tid < kKeys) greg = key0 + tid < len ? P.g.since_reset(bh, P.t, first + key0 + tid) : 0.f;
   };
   auto store_block = [&]() {
 #pragma unroll
@@ -280,9 +310,13 @@ __global__ void __launch_bounds__(128) flash_chunk_attention_kernel(flash_params
     // Scores: Q K^T for 64 keys (8 n-tiles), then the terms and O += P V.
     float s[8][4];
     rows_times_rows<T, DH>(s, qa, ks, kQS, lane);
-    uint32_t pa[4][4];
-    flash_block_terms<T, kValues>(P, rows, gk, key0, len, g, tq, s, mrow, lrow, acc, pa);
-    if constexpr (kValues) add_times_tile<T, E>(acc, pa, vs, kVS, lane);
+    float alpha[2];
+    flash_block_weights(P, rows, gk, key0, len, g, tq, s, mrow, lrow, alpha);
+    if constexpr (kValues) {
+      uint32_t pa[4][4];
+      flash_rescale_pack<T>(alpha, s, acc, pa);
+      add_times_tile<T, E>(acc, pa, vs, kVS, lane);
+    }
     __syncthreads();
     if (blk + 1 < blocks) {
       store_block();

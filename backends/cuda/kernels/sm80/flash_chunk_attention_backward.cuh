@@ -52,8 +52,8 @@ struct flash_backward_params {
 // The chunk-heads whose q, dout and dq sums stay in L2 together: the CTA order takes the key blocks
 // longest first within groups of this many chunk-heads (docs/performance.md).
 inline int64_t flash_backward_group(int64_t c, int64_t t, int64_t query_heads_per_kv, int d, int e) {
-  const int64_t rows = std::min(c, t) * query_heads_per_kv, bytes = rows * (2 * d + 2 * e + 4 * d);
-  return std::max<int64_t>(1, (int64_t(16) << 20) / std::max<int64_t>(bytes, 1));
+  const int64_t rows = std::min(c, t) * query_heads_per_kv;
+  return chunk_heads_per_l2_group(rows * (2 * d + 2 * e + 4 * d));
 }
 
 namespace flash_backward_cfg {
@@ -100,10 +100,7 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
   // 1, ...; a key block sees every query block at or after it), within groups of P.group
   // chunk-heads taken in turn. Over all chunk-heads at once (P1 t = 65536: 512) the CTAs in flight
   // touched 200 MB of q, dout and dq sums, and the kernel read 4 GB from DRAM.
-  const int64_t chunk_heads = gridDim.x / P.key_tiles, group_first = blockIdx.x / (P.group * P.key_tiles) * P.group;
-  const int64_t in_group = min(P.group, chunk_heads - group_first), r = blockIdx.x - group_first * P.key_tiles;
-  cta_coords at = decode_cta(1, P.h, P.n, group_first + r % in_group);
-  at.tile = int(r / in_group);
+  const cta_coords at = decode_cta_by_rank(P.key_tiles, P.h, P.n, P.group);  // rank = key tile
   const int64_t kv = at.head, m = at.chunk, batch = at.batch, bh = batch * P.h + kv;
   const int64_t first = m * P.c, len = min(P.c, P.t - first);
   const int k0 = at.tile * kKeys;

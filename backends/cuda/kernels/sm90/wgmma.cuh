@@ -69,12 +69,6 @@ __device__ __forceinline__ uint64_t kmajor_swizzled_desc(const void* at) {
   const uint64_t addr = smem_address(at);
   return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
-// The byte offset of 16-byte chunk c of row r in a swizzled tile of `row_bytes` rows (128 or 64):
-// bits 4.. of the address XOR its bits 7.. (the hardware's swizzle, anchored at 1024 bytes).
-__host__ __device__ constexpr uint32_t swizzled_row_offset(uint32_t r, uint32_t c, uint32_t row_bytes) {
-  const uint32_t linear = r * row_bytes + c * 16;
-  return linear ^ (((linear >> 7) & (row_bytes / 16 - 1)) << 4);
-}
 
 // Orders this thread's register writes (A fragments, accumulators) before the next wgmma.
 __device__ __forceinline__ void wgmma_fence() {
@@ -107,6 +101,16 @@ template <int N>
 __device__ __forceinline__ void wgmma_pin(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Keeps the A fragments of an in-flight wgmma in their registers up to this point: once the wgmma's
+// statement has read them the compiler would give their registers to other values, which the
+// tensor cores may still be reading.
+template <int M, int N>
+__device__ __forceinline__ void wgmma_pin_fragments(uint32_t (&a)[M][N]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int n = 0; n < N; ++n) asm volatile("" : "+r"(a[m][n])::"memory");
 }
 // Zeroes MT accumulator tiles and pins them: the zeroing then stays ahead of the first wgmma, where
 // ptxas would otherwise move it into the pipeline and serialize every wgmma (C7515,
@@ -224,6 +228,35 @@ __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t b
   (void)d; (void)a; (void)b_desc;
 #if defined(__CUDA_ARCH__)
   __trap();  // never dispatched here (sm90a_available); fail loudly rather than compute nothing
+#endif
+#endif
+}
+
+// d (64 x 64, f32) += A (64 x 16, shared memory, K-major) * B (16 x 64, shared memory, K-major): both
+// operands by descriptor (kmajor_swizzled_desc), no registers for A.
+template <class T>
+__device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t a_desc, uint64_t b_desc) {
+#if EXPANSE_SM90A_DEVICE
+#define EXPANSE_WGMMA_SS_N64(TY)                                                                       \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                    \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                                     \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                                        \
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                                  \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),        \
+        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),      \
+        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),      \
+        "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                           \
+      : "l"(a_desc), "l"(b_desc), "r"(1))
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) EXPANSE_WGMMA_SS_N64("bf16");
+  else EXPANSE_WGMMA_SS_N64("f16");
+#undef EXPANSE_WGMMA_SS_N64
+#else
+  (void)d; (void)a_desc; (void)b_desc;
+#if defined(__CUDA_ARCH__)
+  __trap();  // never dispatched here (sm90a_available)
 #endif
 #endif
 }
