@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(flash_cfg::kThreads, 3) wgmma_flash_chunk_atte
   const int last_key = static_cast<int>(min(len, int64_t(q0 + kRows)));  // keys [0, last_key) matter
   const int blocks = (last_key + kKeys - 1) / kKeys;
   issue_block(0, 0);
-  flash_load_queries<T, DH, true>(P, static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh, first, len, q0, bh, tid, qs,
-                            gq, fk);
+  flash_load_queries<T, DH, true>(P, static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh, first, len, q0, bh,
+                                  tid, qs, gq, fk);
   __syncthreads();
 
   const flash_rows rows = warp_rows(q0, warp, g, gq, fk);
@@ -108,7 +108,8 @@ __global__ void __launch_bounds__(flash_cfg::kThreads, 3) wgmma_flash_chunk_atte
   // Operands of k16 slice kk in buffer b: the queries' descriptor plus kk x 32 bytes (within the
   // 128-byte rows), the keys' plus b kBufDesc plus the same, the values' plus b kBufDesc plus kk x 16
   // rows.
-  const uint64_t qdesc0 = kmajor_swizzled_desc(qs), kdesc0 = kmajor_swizzled_desc(kb), vdesc0 = nmajor_swizzled_desc(vb, kRowBytes, kBlockBytes, 8 * kRowBytes);
+  const uint64_t qdesc0 = kmajor_swizzled_desc(qs), kdesc0 = kmajor_swizzled_desc(kb),
+                 vdesc0 = nmajor_swizzled_desc(vb, kRowBytes, kBlockBytes, 8 * kRowBytes);
   constexpr uint32_t kBufDesc = kBlockBytes / 16, kKeySliceDesc = 32 / 16, kValueSliceDesc = 16 * kRowBytes / 16;
 
   float acc[kNT][4];
