@@ -14,6 +14,9 @@ namespace expanse_cuda {
 
 using namespace expanse_gpu;
 
+// log2(e): the gate sums are natural logs, the kernels take their exponentials as 2^(log2(e) x).
+constexpr float kLog2e = 1.4426950408889634f;
+
 // 2^x by the special-function unit (ex2.approx: relative error about 2^-22; 2^-inf = 0), where
 // exp2f adds range handling the callers do not need.
 __device__ __forceinline__ float fast_exp2(float x) {

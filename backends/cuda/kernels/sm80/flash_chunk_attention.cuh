@@ -59,14 +59,13 @@ constexpr size_t flash_smem() {
 
 // The CTA's 64 query rows into qs (zeros past the chunk): [64][DH + 8], padded for ldmatrix, or with
 // kSwizzled rows of 128 bytes at the hardware's 128-byte swizzle (a K-major wgmma operand; DH = 64,
-// 1024-byte aligned qs). Their
-// restarted Gc in base 2 plus p log2|scale| (log2|scale q.k| = log2|scale| + log2|q.k|) less p 24
-// (the offset of log2_abs_offset) into gq, and their first keys into fk (tid: the thread of 128).
+// 1024-byte aligned qs). Their restarted Gc in base 2 plus p log2|scale| (log2|scale q.k| =
+// log2|scale| + log2|q.k|) less p 24 (the offset of log2_abs_offset) into gq, and their first keys
+// into fk (tid: the thread of 128).
 template <class T, int DH, bool kSwizzled = false>
 __device__ __forceinline__ void flash_load_queries(const flash_params& P, const T* qbase, int64_t first, int64_t len,
                                                    int q0, int64_t bh, int tid, T* qs, float* gq, int* fk) {
   constexpr int kRows = flash_cfg::kRows, kQS = DH + 8;
-  constexpr float kLog2e = 1.4426950408889634f;
   for (int vi = tid; vi < kRows * DH / 8; vi += flash_cfg::kThreads) {
     const int s = vi / (DH / 8), c8 = vi % (DH / 8);
     const uint4 val = q0 + s < len ? *reinterpret_cast<const uint4*>(qbase + (first + q0 + s) * P.q_st + c8 * 8)
@@ -122,7 +121,6 @@ __device__ __forceinline__ void flash_block_weights(const flash_params& P, const
                                                     int key0, int64_t len, int g, int tq, float (&s)[8][4],
                                                     float (&mrow)[2], float (&lrow)[2], float (&alpha)[2]) {
   constexpr int kKeys = flash_cfg::kKeys;
-  constexpr float kLog2e = 1.4426950408889634f;
   // A zero dot gives log2 0 = -inf, the same as a masked key; blocks wholly below the diagonal and
   // inside the chunk (all but the last one or two of a row tile) skip the per-score mask, and even p
   // (no sign to keep) skips the signs: each is a version of the loops of its own.

@@ -79,7 +79,6 @@ template <class T, int DH, int E, int kP>
 __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(flash_backward_params P) {
   using namespace flash_backward_cfg;
   constexpr int kKS = DH + 8, kVS = E + 8, kBS = kRows + 8;
-  constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Two buffers of a query block each (q, dout, and the rows' values), addressed by arithmetic.
   T* ks = reinterpret_cast<T*>(smem_raw);  // [kKeys][kKS]

@@ -57,7 +57,6 @@ constexpr int kConsumerWarps = kConsumerThreads / 32;
 template <bool kSplit> constexpr int producer_threads() { return kSplit ? 256 : 128; }
 template <bool kSplit> constexpr int block_threads() { return kConsumerThreads + producer_threads<kSplit>(); }
 constexpr int kProducerBarrier = 1;  // the producer warps' named barrier
-constexpr float kLog2e = 1.4426950408889634f;  // the gates are computed as 2^(log2(e) x)
 constexpr int kTok = wgmma_update_state_cfg::kTok, kTokPad = wgmma_update_state_cfg::kTokPad;
 // A fragments in flight per consumer warpgroup: the 4 K slices of a step, so the warps form the
 // next step's slices while the tensor cores still run three of this one.
@@ -142,7 +141,7 @@ __device__ __forceinline__ update_tile decode_update_tile(const mma_update_state
   u.first = at.chunk * P.c;
   u.len = min(P.c, P.t - u.first);
   u.steps = static_cast<int>((u.len + blocked_update_state_cfg::kTok - 1) / blocked_update_state_cfg::kTok);
-  u.total_log2 = P.g.chunk_total(u.bh, P.n, u.chunk) * blocked_update_state_cfg::kLog2e;
+  u.total_log2 = P.g.chunk_total(u.bh, P.n, u.chunk) * kLog2e;
   return u;
 }
 

@@ -31,14 +31,14 @@ constexpr int kBlockBytes = flash_cfg::kKeys * kRowBytes;  // 8 KB per key or va
 // Buffers of key (and value) blocks: with values, block blk + 1 arrives while blk is multiplied
 // and P V of blk - 1 still reads its values.
 template <bool kValues>
-constexpr int kStages = kValues ? 3 : 2;
+constexpr int stages_for = kValues ? 3 : 2;
 }  // namespace wgmma_flash_cfg
 
 template <class T, bool kValues>
 constexpr size_t wgmma_flash_smem() {
   using namespace wgmma_flash_cfg;
-  return 1024 /* alignment */ + ((kValues ? 2 : 1) * kStages<kValues> + 1 /* queries */) * size_t(kBlockBytes) +
-         kStages<kValues> * flash_cfg::kKeys * sizeof(float) +
+  return 1024 /* alignment */ + ((kValues ? 2 : 1) * stages_for<kValues> + 1 /* queries */) * size_t(kBlockBytes) +
+         stages_for<kValues> * flash_cfg::kKeys * sizeof(float) +
          flash_cfg::kRows * (sizeof(float) + sizeof(int));
 }
 
@@ -46,7 +46,7 @@ template <class T, bool kValues>
 __global__ void __launch_bounds__(flash_cfg::kThreads, 3) wgmma_flash_chunk_attention_kernel(flash_params P) {
   using namespace flash_cfg;
   using namespace wgmma_flash_cfg;
-  constexpr int DH = kDim, kNT = kValues ? kDim / 8 : 1, kStages = wgmma_flash_cfg::kStages<kValues>;
+  constexpr int DH = kDim, kNT = kValues ? kDim / 8 : 1, kStages = stages_for<kValues>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // The swizzled blocks need 1024-byte alignment.
   unsigned char* const kb = static_cast<unsigned char*>(
