@@ -1,6 +1,7 @@
 // power_attention_backward's list on the CUDA backend, and its tensor-core implementations "wgmma"
-// (sm_90a) and "mma" (sm_80+), which differ only in the state pullback's tile product (p = 1 or 2 in
-// the symmetric layout, any p without states; d = e = 64, f16/bf16): the chunked form of docs/spec.md
+// (sm_90a) and "mma" (sm_80+), which differ only in the tensor-core instructions of the pairs kernel
+// and of the state pullback's tile product (p = 1 or 2 in the symmetric layout, any p without states;
+// d = e = 64, f16/bf16): the chunked form of docs/spec.md
 // "Gradients", composed like the forward. In order:
 //   1. the forward sweep (update_state with its operands split into b16 hi + lo, as the state terms
 //      cancel; discumsum through the list) -> S_m, z_m entering each chunk
@@ -8,7 +9,8 @@
 //      of each query's denominator
 //   3. 1 / den_i, dden_i and the query's weight in the state cotangents (gpu/kernels/backward_chunked.hpp)
 //   4. the intra-chunk pairs: f32 sums of dq, dk, dv and of A_ij M_ij by query and by key
-//      (kernels/sm80/flash_chunk_attention_backward.cuh)
+//      (kernels/sm80/flash_chunk_attention_backward.cuh; its products on wgmma for "wgmma":
+//      kernels/sm90/wgmma_flash_chunk_attention_backward.cuh)
 //   5. the state cotangents: update_state of q against dout with the weights exp(Gc_i) scale^p / den_i,
 //      split into b16 hi + lo like the forward sweep, and a feature sum for dden (their z part;
 //      gpu/kernels/backward_chunked.hpp), then the reverse scan -> dY_{m+1}, dZ_{m+1} per chunk, and
@@ -25,7 +27,7 @@
 #include "gpu/ops/implementations.hpp"
 #include "gpu/ops/power_attention_backward.hpp"
 #include "gpu/ops/query_state.hpp"
-#include "kernels/sm80/flash_chunk_attention_backward.cuh"
+#include "kernels/sm90/wgmma_flash_chunk_attention_backward.cuh"
 #include "ops/flash_chunk_attention.hpp"
 #include "ops/op_common.hpp"
 #include "ops/state_pullback.hpp"
@@ -156,11 +158,16 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
     P.t = pb.t, P.c = pb.c, P.n = pb.n, P.h = pb.h, P.hq = pb.hq, P.scale = scale;
     P.key_tiles = int((std::min(pb.c, pb.t) + kKeys - 1) / kKeys);
     P.group = flash_backward_group(pb.c, pb.t, pb.hq / pb.h, int(pb.d), int(pb.e));
+    const int64_t ctas = int64_t(P.key_tiles) * pb.n * pb.h * pb.b;
     with_b16_type(pb.input_dtype, [&](auto tag) {
       using T = decltype(tag);
       with_degree(pb.p, [&](auto degree) {
-        launch_with_smem(flash_chunk_attention_backward_kernel<T, 64, 64, degree.value>,
-                         int64_t(P.key_tiles) * pb.n * pb.h * pb.b, kThreads, flash_backward_smem<T, 64, 64>(), lc.stream, P);
+        if constexpr (kProduct == pullback_product::wgmma)
+          launch_with_smem(wgmma_flash_chunk_attention_backward_kernel<T, degree.value>, ctas, kThreads,
+                           wgmma_flash_backward_smem<T>(), lc.stream, P);
+        else
+          launch_with_smem(flash_chunk_attention_backward_kernel<T, 64, 64, degree.value>, ctas, kThreads,
+                           flash_backward_smem<T, 64, 64>(), lc.stream, P);
       });
     });
     check_launch("mma power_attention_backward pairs");

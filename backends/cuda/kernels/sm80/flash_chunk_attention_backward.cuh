@@ -68,6 +68,120 @@ constexpr size_t flash_backward_smem() {
          kKeys * sizeof(float) + 2 * kRows * sizeof(float4);
 }
 
+// The pieces below are shared with the wgmma kernel (kernels/sm90/wgmma_flash_chunk_attention_backward.cuh),
+// whose m64 accumulators have this kernel's per-warp layout: warp w holds keys 16 w + g and + 8, and
+// queries 8 nt + 2 tq and + 1 of each n-tile nt.
+
+// The values of query row `row` (its index in the chunk): {restarted Gc (base 2), dden, r, first key
+// (its bits)}; a row past the chunk gets r = 0 and sees no key.
+__device__ __forceinline__ float4 backward_row_values(const flash_backward_params& P, int64_t batch, int64_t bh, int64_t qh,
+                                                      int64_t first, int64_t len, int64_t row) {
+  const bool in = row < len;
+  const int64_t i = first + row;
+  float4 r;
+  r.x = in ? P.g.since_reset(bh, P.t, i) * kLog2e : 0.f;
+  r.y = in && P.dden ? P.dden[(batch * P.t + i) * P.hq + qh] : 0.f;
+  r.z = !in ? 0.f : P.rden ? P.rden[(batch * P.t + i) * P.hq + qh] : 1.f;
+  r.w = __int_as_float(in ? P.g.first_key(bh, P.t, i) : int(len));
+  return r;
+}
+
+// The terms of n-tile nt (queries q0 + 8 nt + 2 tq and + 1) against this thread's two keys, from the
+// tile's S^T and dP^T: r_i A_ij (a_val, for dv) and B_ij (b_val, for dk and dq) in the fragment's
+// order; the sums of A_ij M_ij added to key_sum by key and written to am_col by query (over the keys).
+template <int kP>
+__device__ __forceinline__ void backward_pair_terms(float scale, const float4* rows, int q0, int nt, int tq,
+                                                    const int (&key_local)[2], const float (&gkey)[2],
+                                                    const float (&st)[4], const float (&dpt)[4], float (&a_val)[4],
+                                                    float (&b_val)[4], float (&key_sum)[2], float (&am_col)[2]) {
+  am_col[0] = am_col[1] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int hf = i >> 1, row = nt * 8 + 2 * tq + (i & 1), key = key_local[hf];
+    const float4 rv = rows[row];  // the same two rows for every hf: loaded once
+    const bool valid = q0 + row >= key && key >= __float_as_int(rv.w);
+    const float s = scale * st[i];
+    const float decay = valid ? fast_exp2(rv.x - gkey[hf]) : 0.f;
+    float pw = 1.f;  // s^(p-1)
+#pragma unroll
+    for (int k = 1; k < kP; ++k) pw *= s;
+    const float a = pw * s * decay, mm = fmaf(dpt[i], rv.z, rv.y);
+    a_val[i] = a * rv.z;
+    b_val[i] = float(kP) * pw * decay * mm;
+    key_sum[hf] = fmaf(a, mm, key_sum[hf]);
+    am_col[i & 1] = fmaf(a, mm, am_col[i & 1]);
+  }
+}
+
+// The queries' sums of A M over a warp's 16 keys, four n-tiles (eight rows per tq) at a time: n-tile
+// nt's am_col goes to am_rows[2 (nt % 4)]; after the fourth, the eight lanes of a tq (g = 0..7) halve
+// the values between them at each of three shuffles, so that lane g ends with row index g of the
+// eight, added atomically over the CTA's warps and the other key blocks (48 shuffles and 16 atomics
+// per query block before, one sum per row at a time).
+__device__ __forceinline__ void add_query_sums(float (&am_rows)[8], const float (&am_col)[2], int nt, int g, int tq, int q0,
+                                               int64_t len, float* row_am, int64_t hq) {
+  am_rows[(nt & 3) * 2 + 0] = am_col[0];
+  am_rows[(nt & 3) * 2 + 1] = am_col[1];
+  if ((nt & 3) != 3) return;
+  float w[4], x[2];
+  const bool b2 = (g >> 2) & 1, b1 = (g >> 1) & 1, b0 = g & 1;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = (b2 ? am_rows[i + 4] : am_rows[i]) + __shfl_xor_sync(0xffffffffu, b2 ? am_rows[i] : am_rows[i + 4], 16);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) x[i] = (b1 ? w[i + 2] : w[i]) + __shfl_xor_sync(0xffffffffu, b1 ? w[i] : w[i + 2], 8);
+  const float sum = (b0 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, b0 ? x[0] : x[1], 4);
+  const int row = ((nt & ~3) + (g >> 1)) * 8 + 2 * tq + (g & 1);
+  if (q0 + row < len) atomicAdd(row_am + int64_t(row) * hq, sum);
+}
+
+// Adds a warp's dQ rows (queries q0 + 16 warp + g and + 8, DH columns) to the f32 dq sums.
+template <int DH>
+__device__ __forceinline__ void add_dq_rows(const flash_backward_params& P, const float (&dqa)[DH / 8][4], int64_t batch,
+                                            int64_t qh, int64_t first, int64_t len, int q0, int warp, int g, int tq) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = q0 + warp * 16 + g + 8 * hf;
+    if (row >= len) continue;
+    float* out = P.dq + ((batch * P.t + first + row) * P.hq + qh) * DH;
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt) {
+#if __CUDA_ARCH__ >= 900  // one vector atomic for the two neighbours (sm_90's float2 atomicAdd)
+      atomicAdd(reinterpret_cast<float2*>(out + nt * 8 + 2 * tq), make_float2(dqa[nt][2 * hf], dqa[nt][2 * hf + 1]));
+#else
+      atomicAdd(out + nt * 8 + 2 * tq, dqa[nt][2 * hf]);
+      atomicAdd(out + nt * 8 + 2 * tq + 1, dqa[nt][2 * hf + 1]);
+#endif
+    }
+  }
+}
+
+// Writes this thread's two keys' dk (times scale), dv and sums of A M (summed over the quad first).
+template <int DH, int E>
+__device__ __forceinline__ void store_key_sums(const flash_backward_params& P, const float (&dk)[DH / 8][4],
+                                               const float (&dv)[E / 8][4], float (&key_sum)[2], const int (&key_local)[2],
+                                               int64_t batch, int64_t kv, int64_t first, int64_t len, int tq) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    key_sum[hf] += __shfl_xor_sync(0xffffffffu, key_sum[hf], 1);
+    key_sum[hf] += __shfl_xor_sync(0xffffffffu, key_sum[hf], 2);
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    if (key_local[hf] >= len) continue;
+    const int64_t j = batch * P.t + first + key_local[hf];
+    if (P.key_am && tq == 0) P.key_am[j * P.h + kv] = key_sum[hf];
+    float* dk_row = P.dk + (j * P.h + kv) * DH;
+    float* dv_row = P.dv + (j * P.h + kv) * E;
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+      *reinterpret_cast<float2*>(dk_row + nt * 8 + 2 * tq) = make_float2(P.scale * dk[nt][2 * hf], P.scale * dk[nt][2 * hf + 1]);
+#pragma unroll
+    for (int nt = 0; nt < E / 8; ++nt)
+      *reinterpret_cast<float2*>(dv_row + nt * 8 + 2 * tq) = make_float2(dv[nt][2 * hf], dv[nt][2 * hf + 1]);
+  }
+}
+
 // Three CTAs per SM (at most 168 registers, a few spilled): with two (255 registers) the kernel was
 // latency-bound at 8 warps per SM, 15% issue utilization (ncu, P1 t = 4096); three took P1's backward
 // from 1.559 to 1.387 ms at t = 4096 and 16.68 to 16.18 ms at 65536 on an H100, four (128
@@ -164,17 +278,8 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
     }
     copy_async_commit();
   };
-  auto load_row = [&](int step) {  // row tid's values (tid < kRows): {gq, dd, r, first key}
-    const int64_t qh = kv * group + step / blocks;
-    const int q0 = k0 + (step % blocks) * kRows;
-    const bool in = q0 + tid < len;
-    const int64_t i = first + q0 + tid;
-    float4 r;
-    r.x = in ? P.g.since_reset(bh, P.t, i) * kLog2e : 0.f;
-    r.y = in && P.dden ? P.dden[(batch * P.t + i) * P.hq + qh] : 0.f;
-    r.z = !in ? 0.f : P.rden ? P.rden[(batch * P.t + i) * P.hq + qh] : 1.f;
-    r.w = __int_as_float(in ? P.g.first_key(bh, P.t, i) : int(len));  // rows past the chunk see no key
-    return r;
+  auto load_row = [&](int step) {  // row tid's values (tid < kRows)
+    return backward_row_values(P, batch, bh, kv * group + step / blocks, first, len, k0 + (step % blocks) * kRows + tid);
   };
   auto store_row = [&](const float4& r, int buf) { rows0[buf * kRows + tid] = r; };
   if (steps > 0) {
@@ -234,41 +339,9 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
 #pragma unroll
       for (int ht = 0; ht < kHalfTiles; ++ht) {
         const int nt = half * kHalfTiles + ht;  // the n-tile within the block
-        float a_val[4], b_val[4], am_col[2] = {0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int hf = i >> 1, row = nt * 8 + 2 * tq + (i & 1), key = key_local[hf];
-          const float4 rv = rows[row];  // the same two rows for every hf: loaded once
-          const bool valid = q0 + row >= key && key >= __float_as_int(rv.w);
-          const float s = P.scale * st[ht][i];
-          const float decay = valid ? fast_exp2(rv.x - gkey[hf]) : 0.f;
-          float pw = 1.f;  // s^(p-1)
-#pragma unroll
-          for (int k = 1; k < kP; ++k) pw *= s;
-          const float a = pw * s * decay, mm = fmaf(dpt[ht][i], rv.z, rv.y);
-          a_val[i] = a * rv.z;
-          b_val[i] = float(kP) * pw * decay * mm;
-          key_sum[hf] = fmaf(a, mm, key_sum[hf]);
-          am_col[i & 1] = fmaf(a, mm, am_col[i & 1]);
-        }
-        // The queries' sums over this warp's 16 keys, four n-tiles (eight rows per tq) at a time: the
-        // eight lanes of a tq (g = 0..7) halve the values between them at each of three shuffles, so
-        // that lane g ends with row index g of the eight, added atomically over the CTA's warps and the
-        // other key blocks (48 shuffles and 16 atomics per query block before, one sum per row at a time).
-        am_rows[(nt & 3) * 2 + 0] = am_col[0];
-        am_rows[(nt & 3) * 2 + 1] = am_col[1];
-        if ((nt & 3) == 3) {
-          float w[4], x[2];
-          const bool b2 = (g >> 2) & 1, b1 = (g >> 1) & 1, b0 = g & 1;
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            w[i] = (b2 ? am_rows[i + 4] : am_rows[i]) + __shfl_xor_sync(0xffffffffu, b2 ? am_rows[i] : am_rows[i + 4], 16);
-#pragma unroll
-          for (int i = 0; i < 2; ++i) x[i] = (b1 ? w[i + 2] : w[i]) + __shfl_xor_sync(0xffffffffu, b1 ? w[i] : w[i + 2], 8);
-          const float sum = (b0 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, b0 ? x[0] : x[1], 4);
-          const int row = ((nt & ~3) + (g >> 1)) * 8 + 2 * tq + (g & 1);
-          if (q0 + row < len) atomicAdd(row_am + int64_t(row) * P.hq, sum);
-        }
+        float a_val[4], b_val[4], am_col[2];
+        backward_pair_terms<kP>(P.scale, rows, q0, nt, tq, key_local, gkey, st[ht], dpt[ht], a_val, b_val, key_sum, am_col);
+        add_query_sums(am_rows, am_col, nt, g, tq, q0, len, row_am, P.hq);
         aa[ht >> 1][(ht & 1) * 2 + 0] = pack2_f32<T>(a_val[0], a_val[1]);
         aa[ht >> 1][(ht & 1) * 2 + 1] = pack2_f32<T>(a_val[2], a_val[3]);
         ba[ht >> 1][(ht & 1) * 2 + 0] = pack2_f32<T>(b_val[0], b_val[1]);
@@ -295,42 +368,10 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
 #pragma unroll
       for (int i = 0; i < 4; ++i) dqa[nt][i] = 0.f;
     add_times_tile<T, DH>(dqa, bq, ks, kKS, lane);
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int row = q0 + warp * 16 + g + 8 * hf;
-      if (row >= len) continue;
-      float* out = P.dq + ((batch * P.t + first + row) * P.hq + qh) * DH;
-#pragma unroll
-      for (int nt = 0; nt < DH / 8; ++nt) {
-#if __CUDA_ARCH__ >= 900  // one vector atomic for the two neighbours (sm_90's float2 atomicAdd)
-        atomicAdd(reinterpret_cast<float2*>(out + nt * 8 + 2 * tq), make_float2(dqa[nt][2 * hf], dqa[nt][2 * hf + 1]));
-#else
-        atomicAdd(out + nt * 8 + 2 * tq, dqa[nt][2 * hf]);
-        atomicAdd(out + nt * 8 + 2 * tq + 1, dqa[nt][2 * hf + 1]);
-#endif
-      }
-    }
+    add_dq_rows<DH>(P, dqa, batch, qh, first, len, q0, warp, g, tq);
   }
 
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    key_sum[hf] += __shfl_xor_sync(0xffffffffu, key_sum[hf], 1);
-    key_sum[hf] += __shfl_xor_sync(0xffffffffu, key_sum[hf], 2);
-  }
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    if (key_local[hf] >= len) continue;
-    const int64_t j = batch * P.t + first + key_local[hf];
-    if (P.key_am && tq == 0) P.key_am[j * P.h + kv] = key_sum[hf];
-    float* dk_row = P.dk + (j * P.h + kv) * DH;
-    float* dv_row = P.dv + (j * P.h + kv) * E;
-#pragma unroll
-    for (int nt = 0; nt < DH / 8; ++nt)
-      *reinterpret_cast<float2*>(dk_row + nt * 8 + 2 * tq) = make_float2(P.scale * dk[nt][2 * hf], P.scale * dk[nt][2 * hf + 1]);
-#pragma unroll
-    for (int nt = 0; nt < E / 8; ++nt)
-      *reinterpret_cast<float2*>(dv_row + nt * 8 + 2 * tq) = make_float2(dv[nt][2 * hf], dv[nt][2 * hf + 1]);
-  }
+  store_key_sums<DH, E>(P, dk, dv, key_sum, key_local, batch, kv, first, len, tq);
 }
 
 }  // namespace expanse_cuda

@@ -232,29 +232,38 @@ __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t b
 #endif
 }
 
-// d (64 x 64, f32) += A (64 x 16, shared memory, K-major) * B (16 x 64, shared memory, K-major): both
-// operands by descriptor (kmajor_swizzled_desc), no registers for A.
-template <class T>
-__device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t a_desc, uint64_t b_desc) {
+// d (64 x 64, f32) = A (64 x 16, shared memory) * B (16 x 64, shared memory) + (accumulate ? d : 0):
+// both operands by descriptor, no registers for A. K-major operands (kmajor_swizzled_desc) by
+// default; kMNMajorA / kMNMajorB take A with its 64 rows contiguous (M-major) or B with its 64
+// columns contiguous (N-major), as nmajor_swizzled_desc describes them (16-bit types only).
+template <class T, bool kMNMajorA = false, bool kMNMajorB = false>
+__device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t a_desc, uint64_t b_desc, bool accumulate = true) {
 #if EXPANSE_SM90A_DEVICE
-#define EXPANSE_WGMMA_SS_N64(TY)                                                                       \
+#define EXPANSE_WGMMA_SS_N64(TY, TA, TB)                                                               \
   asm volatile(                                                                                    \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                    \
       "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                                     \
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
       "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                                        \
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                                  \
+      "%32, %33, p, 1, 1, " TA ", " TB ";\n}\n"                                                        \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),        \
         "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),      \
         "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),      \
         "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                           \
-      : "l"(a_desc), "l"(b_desc), "r"(1))
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) EXPANSE_WGMMA_SS_N64("bf16");
-  else EXPANSE_WGMMA_SS_N64("f16");
+      : "l"(a_desc), "l"(b_desc), "r"(int(accumulate)))
+  constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (bf16 && !kMNMajorA && !kMNMajorB) EXPANSE_WGMMA_SS_N64("bf16", "0", "0");
+  else if constexpr (bf16 && kMNMajorA && kMNMajorB) EXPANSE_WGMMA_SS_N64("bf16", "1", "1");
+  else if constexpr (bf16 && kMNMajorA) EXPANSE_WGMMA_SS_N64("bf16", "1", "0");
+  else if constexpr (bf16) EXPANSE_WGMMA_SS_N64("bf16", "0", "1");
+  else if constexpr (!kMNMajorA && !kMNMajorB) EXPANSE_WGMMA_SS_N64("f16", "0", "0");
+  else if constexpr (kMNMajorA && kMNMajorB) EXPANSE_WGMMA_SS_N64("f16", "1", "1");
+  else if constexpr (kMNMajorA) EXPANSE_WGMMA_SS_N64("f16", "1", "0");
+  else EXPANSE_WGMMA_SS_N64("f16", "0", "1");
 #undef EXPANSE_WGMMA_SS_N64
 #else
-  (void)d; (void)a_desc; (void)b_desc;
+  (void)d; (void)a_desc; (void)b_desc; (void)accumulate;
 #if defined(__CUDA_ARCH__)
   __trap();  // never dispatched here (sm90a_available)
 #endif

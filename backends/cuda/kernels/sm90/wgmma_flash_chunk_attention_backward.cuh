@@ -1,0 +1,224 @@
+// The intra-chunk pairs of power_attention_backward (kernels/sm80/flash_chunk_attention_backward.cuh,
+// which states the terms) with its five products on wgmma (sm_90a), for d = e = 64. Per query block
+// of 64 rows against the CTA's 64 keys (one warpgroup), every operand in shared memory:
+//   S^T = K Q^T, dP^T = V dout^T   A (keys, values) and B (queries, dout) K-major
+//   dV += (r A)^T dout             A: the terms stored as rows of keys (K-major), B: dout N-major
+//   dK += B^T Q                    likewise, B: the queries N-major
+//   dQ = B K                       A: the same B^T read M-major, B: the keys N-major
+// and dQ added to the f32 dq sums by bulk reductions (cp.reduce.async.bulk), a row at a time. The
+// terms between the products are the mma.sync kernel's own (backward_pair_terms and that file's
+// other shared pieces): wgmma's m64 accumulators have mma.sync's layout per warp.
+//
+// Why: the mma.sync kernel is latency-bound at 168 registers (three CTAs per SM), each of its warps
+// reading every query and dout block through ldmatrix for its 16 keys. Here the tensor cores read
+// each operand once per block, the products are 20 instructions per block, and the terms go to
+// shared memory as soon as they are formed (as register fragments for dV and dK they held 32 more
+// registers through the products: 255, some spilled). Two CTAs per SM (236 registers): capped at 168
+// for three, it spilled 170 bytes and ran 35% slower. H100, P1: 467 -> 330 us at t = 4096 with dq
+// by float2 atomics (16 per thread and block), whose removal alone gave 222 us (docs/performance.md).
+//
+// Blocks are 64 rows of 128 bytes with the hardware's 128-byte swizzle, so that one layout serves
+// as K-major and as N-major (or M-major) operand. The query and dout blocks (every query head's in
+// turn) arrive by cp.async into two buffers, block s + 1 while s is multiplied.
+#pragma once
+
+#include "kernels/sm80/flash_chunk_attention_backward.cuh"
+#include "kernels/sm90/bulk_copy.cuh"
+#include "kernels/sm90/wgmma.cuh"
+
+namespace expanse_cuda {
+
+namespace wgmma_flash_backward_cfg {
+constexpr int kDim = 64;                                         // d = e
+constexpr int kRowBytes = kDim * 2;                              // one swizzled row: 128 bytes
+constexpr int kBlockBytes = flash_backward_cfg::kRows * kRowBytes;  // 8 KB per block of 64 rows
+// Blocks in shared memory: keys, values, two of queries, two of dout, (r A)^T and B^T.
+constexpr int kBlocks = 8;
+// The dQ tile of a block in f32, rows padded by 16 bytes (a warp's float2 stores of 8 rows then fall
+// in different banks), each row's 256 bytes added to dq by one bulk reduction.
+constexpr int kDqStride = kDim + 4;
+}  // namespace wgmma_flash_backward_cfg
+
+template <class T>
+constexpr size_t wgmma_flash_backward_smem() {
+  using namespace wgmma_flash_backward_cfg;
+  return 1024 /* alignment */ + size_t(kBlocks) * kBlockBytes + flash_backward_cfg::kRows * kDqStride * sizeof(float) +
+         2 * flash_backward_cfg::kRows * sizeof(float4) +
+         flash_backward_cfg::kKeys * sizeof(float);
+}
+
+template <class T, int kP>
+__global__ void __launch_bounds__(128, 2) wgmma_flash_chunk_attention_backward_kernel(flash_backward_params P) {
+  using namespace flash_backward_cfg;
+  using namespace wgmma_flash_backward_cfg;
+  constexpr int DH = kDim, E = kDim;
+  static_assert(kKeys == 64 && kRows == 64 && kThreads == 128, "one warpgroup, m64 tiles");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* const kb = static_cast<unsigned char*>(
+      __builtin_assume_aligned(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024), 1024));
+  unsigned char* const vb = kb + kBlockBytes;
+  unsigned char* const qb = vb + kBlockBytes;      // [2] query blocks
+  unsigned char* const db = qb + 2 * kBlockBytes;  // [2] dout blocks
+  unsigned char* const at_ = db + 2 * kBlockBytes;  // (r A)^T: rows are keys, 64 queries each
+  unsigned char* const bt = at_ + kBlockBytes;       // B^T likewise
+  float* const dq_tile = reinterpret_cast<float*>(bt + kBlockBytes);         // [kRows][kDqStride]
+  float4* const rows0 = reinterpret_cast<float4*>(dq_tile + kRows * kDqStride);  // [2][kRows] (backward_row_values)
+  float* const gk = reinterpret_cast<float*>(rows0 + 2 * kRows);      // the keys' restarted Gc, base 2
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  const cta_coords at = decode_cta_by_rank(P.key_tiles, P.h, P.n, P.group);  // rank = key tile
+  const int64_t kv = at.head, m = at.chunk, batch = at.batch, bh = batch * P.h + kv;
+  const int64_t first = m * P.c, len = min(P.c, P.t - first);
+  const int k0 = at.tile * kKeys;
+  if (k0 >= len) return;
+  const int64_t group = P.hq / P.h;
+
+  // Copies of 64 rows into a swizzled block: this thread takes 16-byte chunk tid % 8 of rows tid / 8
+  // + 16 i (zeros past the chunk, whose sources are not read).
+  constexpr int kCopies = kRows * 8 / kThreads, kCopyRows = kThreads / 8;
+  const int copy_row = tid / 8;
+  const uint32_t copy_dst = swizzled_row_offset(copy_row, tid % 8, kRowBytes);
+  auto copy_block = [&](unsigned char* dst, const T* base, int64_t row_stride, int row0) {
+    const T* src = base + (first + row0 + copy_row) * row_stride + (tid % 8) * 8;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const bool in = row0 + copy_row + i * kCopyRows < len;
+      copy_async<16>(dst + copy_dst + i * kCopyRows * kRowBytes, in ? src : base, in);
+      src += kCopyRows * row_stride;
+    }
+  };
+  const T* const kbase = static_cast<const T*>(P.k) + batch * P.k_sb + kv * P.k_sh;
+  const T* const vbase = static_cast<const T*>(P.v) + batch * P.v_sb + kv * P.v_sh;
+  copy_block(kb, kbase, P.k_st, k0);
+  copy_block(vb, vbase, P.v_st, k0);
+  if (tid < kKeys) gk[tid] = k0 + tid < len ? P.g.since_reset(bh, P.t, first + k0 + tid) * kLog2e : 0.f;
+
+  // The query blocks at or after the key block, every query head's in turn: step s is block
+  // s % blocks of query head kv group + s / blocks.
+  const int blocks = (int(len) - k0 + kRows - 1) / kRows, steps = int(group) * blocks;
+  auto query_head = [&](int step) { return kv * group + step / blocks; };
+  auto query_row0 = [&](int step) { return k0 + (step % blocks) * kRows; };
+  auto issue_rows = [&](int step, int buf) {
+    const int64_t qh = query_head(step);
+    copy_block(qb + buf * kBlockBytes, static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh, P.q_st, query_row0(step));
+    copy_block(db + buf * kBlockBytes, static_cast<const T*>(P.dout) + batch * P.o_sb + qh * P.o_sh, P.o_st,
+               query_row0(step));
+  };
+  issue_rows(0, 0);  // with the keys and values: one group
+  copy_async_commit();
+  if (tid < kRows) rows0[tid] = backward_row_values(P, batch, bh, query_head(0), first, len, query_row0(0) + tid);
+
+  // Descriptors: every block's is the key block's plus its distance from it (in the address field's
+  // 16-byte units; two base registers rather than one pair per operand). K-major operands step 32
+  // bytes per k16 slice within their rows, N-major (and M-major) ones 16 rows per slice.
+  const uint64_t kmajor0 = kmajor_swizzled_desc(kb), nmajor0 = nmajor_swizzled_desc(kb, kRowBytes, kBlockBytes, 8 * kRowBytes);
+  auto block_desc = [&](uint64_t base, const unsigned char* block) { return base + uint32_t(block - kb) / 16; };
+  constexpr uint32_t kBufDesc = kBlockBytes / 16, kKSlice = 32 / 16, kRowSlice = 16 * kRowBytes / 16;
+
+  const int key_local[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  float gkey[2];
+  float dk[DH / 8][4], dv[E / 8][4];
+  wgmma_zero(reinterpret_cast<float(&)[1][32]>(dk));
+  wgmma_zero(reinterpret_cast<float(&)[1][32]>(dv));
+  float key_sum[2] = {0.f, 0.f};  // sum of A_ij M_ij over the queries, for this thread's two keys
+
+  for (int step = 0; step < steps; ++step) {
+    const int buf = step & 1;
+    const int64_t qh = query_head(step);
+    const int q0 = query_row0(step);
+    // This block's rows have landed (for the tensor cores too), and every warp is done with the
+    // previous block: its buffers and B^T may be written again.
+    copy_async_wait<0>();
+    fence_async_shared();
+    __syncthreads();
+    if (step == 0) gkey[0] = gk[warp * 16 + g], gkey[1] = gk[warp * 16 + g + 8];
+    const bool more = step + 1 < steps;
+    float4 next{};
+    if (more) {
+      issue_rows(step + 1, buf ^ 1);
+      copy_async_commit();
+      if (tid < kRows) next = backward_row_values(P, batch, bh, query_head(step + 1), first, len, query_row0(step + 1) + tid);
+    }
+
+    // S^T and dP^T for the CTA's 64 keys and the block's 64 queries.
+    float st[8][4], dpt[8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; ++kk)
+      wgmma_ss_n64<T>(&st[0][0], kmajor0 + kk * kKSlice, block_desc(kmajor0, qb) + buf * kBufDesc + kk * kKSlice, kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < E / 16; ++kk)
+      wgmma_ss_n64<T>(&dpt[0][0], block_desc(kmajor0, vb) + kk * kKSlice, block_desc(kmajor0, db) + buf * kBufDesc + kk * kKSlice,
+                      kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(reinterpret_cast<float(&)[32]>(st));
+    wgmma_pin(reinterpret_cast<float(&)[32]>(dpt));
+
+    // (r A)^T and B^T into shared memory (rows of keys, the block's queries along them), and the
+    // sums of A M by query and by key.
+    const float4* rows = rows0 + buf * kRows;
+    float* row_am = P.row_am + (batch * P.t + first + q0) * P.hq + qh;
+    float am_rows[8];
+    const int key = warp * 16 + g;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      float a_val[4], b_val[4], am_col[2];
+      backward_pair_terms<kP>(P.scale, rows, q0, nt, tq, key_local, gkey, st[nt], dpt[nt], a_val, b_val, key_sum, am_col);
+      add_query_sums(am_rows, am_col, nt, g, tq, q0, len, row_am, P.hq);
+      const uint32_t lo = swizzled_row_offset(key, nt, kRowBytes) + 4 * tq, hi = swizzled_row_offset(key + 8, nt, kRowBytes) + 4 * tq;
+      *reinterpret_cast<uint32_t*>(at_ + lo) = pack2_f32<T>(a_val[0], a_val[1]);
+      *reinterpret_cast<uint32_t*>(at_ + hi) = pack2_f32<T>(a_val[2], a_val[3]);
+      *reinterpret_cast<uint32_t*>(bt + lo) = pack2_f32<T>(b_val[0], b_val[1]);
+      *reinterpret_cast<uint32_t*>(bt + hi) = pack2_f32<T>(b_val[2], b_val[3]);
+    }
+    fence_async_shared();  // for the tensor cores, after the barrier
+    __syncthreads();       // (r A)^T and B^T complete
+
+    float dqa[DH / 8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_ss_n64<T, false, true>(&dv[0][0], block_desc(kmajor0, at_) + kk * kKSlice,
+                                   block_desc(nmajor0, db) + buf * kBufDesc + kk * kRowSlice);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_ss_n64<T, false, true>(&dk[0][0], block_desc(kmajor0, bt) + kk * kKSlice,
+                                   block_desc(nmajor0, qb) + buf * kBufDesc + kk * kRowSlice);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_ss_n64<T, true, true>(&dqa[0][0], block_desc(nmajor0, bt) + kk * kRowSlice, nmajor0 + kk * kRowSlice, kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(reinterpret_cast<float(&)[32]>(dqa));
+    wgmma_pin(reinterpret_cast<float(&)[32]>(dk));
+    wgmma_pin(reinterpret_cast<float(&)[32]>(dv));
+    // The next block's row values into the other buffer, whose readers passed this block's first
+    // barrier (stored here, not at once: their loads had the products' time to land).
+    if (more && tid < kRows) rows0[(buf ^ 1) * kRows + tid] = next;
+    // dQ to the f32 sums: this warp's 16 rows through the dQ tile, a bulk reduction per row by lanes
+    // 0-15 (the copy engine's work, where 16 float2 atomics per thread and block were the warps').
+    if (lane < 16) bulk_wait_read<0>();  // the previous block's reductions have read the rows
+    __syncwarp();
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+      for (int nt = 0; nt < DH / 8; ++nt)
+        *reinterpret_cast<float2*>(dq_tile + (warp * 16 + g + 8 * hf) * kDqStride + nt * 8 + 2 * tq) =
+            make_float2(dqa[nt][2 * hf], dqa[nt][2 * hf + 1]);
+    fence_async_shared();  // for the copy engine
+    __syncwarp();
+    if (lane < 16) {
+      const int row = warp * 16 + lane;
+      if (q0 + row < len)
+        bulk_add_to_global(P.dq + ((batch * P.t + first + q0 + row) * P.hq + qh) * DH, dq_tile + row * kDqStride,
+                           DH * sizeof(float));
+      bulk_commit();
+    }
+  }
+
+  store_key_sums<DH, E>(P, dk, dv, key_sum, key_local, batch, kv, first, len, tq);
+  if (lane < 16) bulk_wait<0>();  // the dQ tile stays until its reductions are done
+}
+
+}  // namespace expanse_cuda
