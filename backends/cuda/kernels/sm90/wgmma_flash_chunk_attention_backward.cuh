@@ -14,8 +14,9 @@
 // each operand once per block, the products are 20 instructions per block, and the terms go to
 // shared memory as soon as they are formed (as register fragments for dV and dK they held 32 more
 // registers through the products: 255, some spilled). Two CTAs per SM (236 registers): capped at 168
-// for three, it spilled 170 bytes and ran 35% slower. H100, P1: 467 -> 330 us at t = 4096 with dq
-// by float2 atomics (16 per thread and block), whose removal alone gave 222 us (docs/performance.md).
+// for three, it spilled 170 bytes and ran 35% slower. H100, P1 (ncu): 467 -> 330 us at t = 4096,
+// 1.49 -> 1.39 ms at 65536; without the dq sums 222 us and 0.999 ms: the L2's reductions bound it,
+// by bulk reductions as by float2 atomics (docs/performance.md lesson 14).
 //
 // Blocks are 64 rows of 128 bytes with the hardware's 128-byte swizzle, so that one layout serves
 // as K-major and as N-major (or M-major) operand. The query and dout blocks (every query head's in
