@@ -156,15 +156,18 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
     P.dq = sum_q, P.dk = sum_k, P.dv = sum_v;
     P.g = shared.g;
     P.t = pb.t, P.c = pb.c, P.n = pb.n, P.h = pb.h, P.hq = pb.hq, P.scale = scale;
-    P.key_tiles = int((std::min(pb.c, pb.t) + kKeys - 1) / kKeys);
+    // A CTA's keys: 128 on wgmma (two warpgroups), 64 with mma.sync.
+    constexpr bool on_wgmma = kProduct == pullback_product::wgmma;
+    const int cta_keys = on_wgmma ? wgmma_flash_backward_cfg::kKeys : kKeys;
+    P.key_tiles = int((std::min(pb.c, pb.t) + cta_keys - 1) / cta_keys);
     P.group = flash_backward_group(pb.c, pb.t, pb.hq / pb.h, int(pb.d), int(pb.e));
     const int64_t ctas = int64_t(P.key_tiles) * pb.n * pb.h * pb.b;
     with_b16_type(pb.input_dtype, [&](auto tag) {
       using T = decltype(tag);
       with_degree(pb.p, [&](auto degree) {
-        if constexpr (kProduct == pullback_product::wgmma)
-          launch_with_smem(wgmma_flash_chunk_attention_backward_kernel<T, degree.value>, ctas, kThreads,
-                           wgmma_flash_backward_smem<T>(), lc.stream, P);
+        if constexpr (on_wgmma)
+          launch_with_smem(wgmma_flash_chunk_attention_backward_kernel<T, degree.value>, ctas,
+                           wgmma_flash_backward_cfg::kThreads, wgmma_flash_backward_smem<T>(), lc.stream, P);
         else
           launch_with_smem(flash_chunk_attention_backward_kernel<T, 64, 64, degree.value>, ctas, kThreads,
                            flash_backward_smem<T, 64, 64>(), lc.stream, P);

@@ -232,13 +232,18 @@ __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t b
 #endif
 }
 
-// d (64 x 64, f32) = A (64 x 16, shared memory) * B (16 x 64, shared memory) + (accumulate ? d : 0):
-// both operands by descriptor, no registers for A. K-major operands (kmajor_swizzled_desc) by
-// default; kMNMajorA / kMNMajorB take A with its 64 rows contiguous (M-major) or B with its 64
-// columns contiguous (N-major), as nmajor_swizzled_desc describes them (16-bit types only).
-template <class T, bool kMNMajorA = false, bool kMNMajorB = false>
-__device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t a_desc, uint64_t b_desc, bool accumulate = true) {
-#if EXPANSE_SM90A_DEVICE
+// The operand lists of m64nNk16 with A from shared memory (TA, TB: the transpose flags).
+#define EXPANSE_WGMMA_SS_N32(TY, TA, TB)                                                               \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                    \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " "                                     \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "                       \
+      "%16, %17, p, 1, 1, " TA ", " TB ";\n}\n"                                                        \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),        \
+        "+f"(d[15])                                                                                     \
+      : "l"(a_desc), "l"(b_desc), "r"(int(accumulate)))
+
 #define EXPANSE_WGMMA_SS_N64(TY, TA, TB)                                                               \
   asm volatile(                                                                                    \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                    \
@@ -252,16 +257,32 @@ __device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t a_desc, uint64_t
         "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),      \
         "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                           \
       : "l"(a_desc), "l"(b_desc), "r"(int(accumulate)))
+
+// d (64 x N, f32) = A (64 x 16, shared memory) * B (16 x N, shared memory) + (accumulate ? d : 0) for
+// N = 32 or 64: both operands by descriptor, no registers for A. K-major operands
+// (kmajor_swizzled_desc) by default; kMNMajorA / kMNMajorB take A with its 64 rows contiguous
+// (M-major) or B with its N columns contiguous (N-major), as nmajor_swizzled_desc describes them
+// (16-bit types only).
+template <class T, int N, bool kMNMajorA = false, bool kMNMajorB = false>
+__device__ __forceinline__ void wgmma_ss(float* d, uint64_t a_desc, uint64_t b_desc, bool accumulate = true) {
+  static_assert(N == 32 || N == 64, "wgmma_ss: N must be 32 or 64");
+#if EXPANSE_SM90A_DEVICE
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
-  if constexpr (bf16 && !kMNMajorA && !kMNMajorB) EXPANSE_WGMMA_SS_N64("bf16", "0", "0");
-  else if constexpr (bf16 && kMNMajorA && kMNMajorB) EXPANSE_WGMMA_SS_N64("bf16", "1", "1");
-  else if constexpr (bf16 && kMNMajorA) EXPANSE_WGMMA_SS_N64("bf16", "1", "0");
-  else if constexpr (bf16) EXPANSE_WGMMA_SS_N64("bf16", "0", "1");
-  else if constexpr (!kMNMajorA && !kMNMajorB) EXPANSE_WGMMA_SS_N64("f16", "0", "0");
-  else if constexpr (kMNMajorA && kMNMajorB) EXPANSE_WGMMA_SS_N64("f16", "1", "1");
-  else if constexpr (kMNMajorA) EXPANSE_WGMMA_SS_N64("f16", "1", "0");
-  else EXPANSE_WGMMA_SS_N64("f16", "0", "1");
-#undef EXPANSE_WGMMA_SS_N64
+#define EXPANSE_WGMMA_SS_CASE(MACRO)                                           \
+  if constexpr (bf16 && !kMNMajorA && !kMNMajorB) MACRO("bf16", "0", "0");     \
+  else if constexpr (bf16 && kMNMajorA && kMNMajorB) MACRO("bf16", "1", "1");  \
+  else if constexpr (bf16 && kMNMajorA) MACRO("bf16", "1", "0");               \
+  else if constexpr (bf16) MACRO("bf16", "0", "1");                            \
+  else if constexpr (!kMNMajorA && !kMNMajorB) MACRO("f16", "0", "0");         \
+  else if constexpr (kMNMajorA && kMNMajorB) MACRO("f16", "1", "1");           \
+  else if constexpr (kMNMajorA) MACRO("f16", "1", "0");                        \
+  else MACRO("f16", "0", "1");
+  if constexpr (N == 32) {
+    EXPANSE_WGMMA_SS_CASE(EXPANSE_WGMMA_SS_N32)
+  } else {
+    EXPANSE_WGMMA_SS_CASE(EXPANSE_WGMMA_SS_N64)
+  }
+#undef EXPANSE_WGMMA_SS_CASE
 #else
   (void)d; (void)a_desc; (void)b_desc; (void)accumulate;
 #if defined(__CUDA_ARCH__)

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(flash_cfg::kThreads, 3) wgmma_flash_chunk_atte
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < DH / 16; ++kk)
-      wgmma_ss_n64<T>(&s[0][0], qdesc0 + kk * kKeySliceDesc, kdesc0 + buf * kBufDesc + kk * kKeySliceDesc);
+      wgmma_ss<T, 64>(&s[0][0], qdesc0 + kk * kKeySliceDesc, kdesc0 + buf * kBufDesc + kk * kKeySliceDesc);
     wgmma_commit();
     wgmma_wait<0>();  // S, and the previous block's P V: acc may be rescaled
     wgmma_pin(reinterpret_cast<float(&)[32]>(s));

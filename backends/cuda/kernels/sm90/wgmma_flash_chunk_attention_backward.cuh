@@ -33,8 +33,13 @@ namespace wgmma_flash_backward_cfg {
 constexpr int kDim = 64;                                         // d = e
 constexpr int kRowBytes = kDim * 2;                              // one swizzled row: 128 bytes
 constexpr int kBlockBytes = flash_backward_cfg::kRows * kRowBytes;  // 8 KB per block of 64 rows
-// Blocks in shared memory: keys, values, two of queries, two of dout, (r A)^T and B^T.
-constexpr int kBlocks = 8;
+// Two consumer warpgroups, 64 keys each: the CTA's 128 keys share each query and dout block, and its
+// dQ (split by columns between the warpgroups) sums over all 128, so that the L2 reduces each dq
+// row once per 128 keys.
+constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups, kKeys = 64 * kWarpgroups;
+constexpr int kKeyBlockBytes = kKeys * kRowBytes;
+// Shared memory: keys, values, (r A)^T and B^T (kKeys rows each); two query and two dout blocks.
+constexpr int kKeyBlocks = 4, kRowBlocks = 4;
 // The dQ tile of a block in f32, rows padded by 16 bytes (a warp's float2 stores of 8 rows then fall
 // in different banks), each row's 256 bytes added to dq by one bulk reduction.
 constexpr int kDqStride = kDim + 4;
@@ -43,30 +48,31 @@ constexpr int kDqStride = kDim + 4;
 template <class T>
 constexpr size_t wgmma_flash_backward_smem() {
   using namespace wgmma_flash_backward_cfg;
-  return 1024 /* alignment */ + size_t(kBlocks) * kBlockBytes + flash_backward_cfg::kRows * kDqStride * sizeof(float) +
-         2 * flash_backward_cfg::kRows * sizeof(float4) +
-         flash_backward_cfg::kKeys * sizeof(float);
+  return 1024 /* alignment */ + size_t(kKeyBlocks) * kKeyBlockBytes + size_t(kRowBlocks) * kBlockBytes +
+         flash_backward_cfg::kRows * kDqStride * sizeof(float) + 2 * flash_backward_cfg::kRows * sizeof(float4) +
+         kKeys * sizeof(float);
 }
 
 template <class T, int kP>
-__global__ void __launch_bounds__(128, 2) wgmma_flash_chunk_attention_backward_kernel(flash_backward_params P) {
-  using namespace flash_backward_cfg;
+__global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
+    wgmma_flash_chunk_attention_backward_kernel(flash_backward_params P) {
   using namespace wgmma_flash_backward_cfg;
-  constexpr int DH = kDim, E = kDim;
-  static_assert(kKeys == 64 && kRows == 64 && kThreads == 128, "one warpgroup, m64 tiles");
+  constexpr int DH = kDim, E = kDim, kRows = flash_backward_cfg::kRows;
+  static_assert(kRows == 64, "m64 tiles of queries");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* const kb = static_cast<unsigned char*>(
       __builtin_assume_aligned(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024), 1024));
-  unsigned char* const vb = kb + kBlockBytes;
-  unsigned char* const qb = vb + kBlockBytes;      // [2] query blocks
+  unsigned char* const vb = kb + kKeyBlockBytes;
+  unsigned char* const at_ = vb + kKeyBlockBytes;  // (r A)^T: rows are keys, 64 queries each
+  unsigned char* const bt = at_ + kKeyBlockBytes;  // B^T likewise
+  unsigned char* const qb = bt + kKeyBlockBytes;   // [2] query blocks
   unsigned char* const db = qb + 2 * kBlockBytes;  // [2] dout blocks
-  unsigned char* const at_ = db + 2 * kBlockBytes;  // (r A)^T: rows are keys, 64 queries each
-  unsigned char* const bt = at_ + kBlockBytes;       // B^T likewise
-  float* const dq_tile = reinterpret_cast<float*>(bt + kBlockBytes);         // [kRows][kDqStride]
+  float* const dq_tile = reinterpret_cast<float*>(db + 2 * kBlockBytes);  // [kRows][kDqStride]
   float4* const rows0 = reinterpret_cast<float4*>(dq_tile + kRows * kDqStride);  // [2][kRows] (backward_row_values)
   float* const gk = reinterpret_cast<float*>(rows0 + 2 * kRows);      // the keys' restarted Gc, base 2
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  const int wg = warp / 4, wq = warp % 4;  // this warp's warpgroup (its 64 keys), and warp in it
   const cta_coords at = decode_cta_by_rank(P.key_tiles, P.h, P.n, P.group);  // rank = key tile
   const int64_t kv = at.head, m = at.chunk, batch = at.batch, bh = batch * P.h + kv;
   const int64_t first = m * P.c, len = min(P.c, P.t - first);
@@ -74,12 +80,13 @@ __global__ void __launch_bounds__(128, 2) wgmma_flash_chunk_attention_backward_k
   if (k0 >= len) return;
   const int64_t group = P.hq / P.h;
 
-  // Copies of 64 rows into a swizzled block: this thread takes 16-byte chunk tid % 8 of rows tid / 8
-  // + 16 i (zeros past the chunk, whose sources are not read).
-  constexpr int kCopies = kRows * 8 / kThreads, kCopyRows = kThreads / 8;
+  // Copies of a block's rows (block_rows: kKeys or kRows) into its swizzled place: this thread takes
+  // 16-byte chunk tid % 8 of rows tid / 8 + 32 i (zeros past the chunk, whose sources are not read).
+  constexpr int kCopyRows = kThreads / 8;
   const int copy_row = tid / 8;
   const uint32_t copy_dst = swizzled_row_offset(copy_row, tid % 8, kRowBytes);
-  auto copy_block = [&](unsigned char* dst, const T* base, int64_t row_stride, int row0) {
+  auto copy_block = [&](auto block_rows, unsigned char* dst, const T* base, int64_t row_stride, int row0) {
+    constexpr int kCopies = decltype(block_rows)::value * 8 / kThreads;
     const T* src = base + (first + row0 + copy_row) * row_stride + (tid % 8) * 8;
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
@@ -90,8 +97,10 @@ __global__ void __launch_bounds__(128, 2) wgmma_flash_chunk_attention_backward_k
   };
   const T* const kbase = static_cast<const T*>(P.k) + batch * P.k_sb + kv * P.k_sh;
   const T* const vbase = static_cast<const T*>(P.v) + batch * P.v_sb + kv * P.v_sh;
-  copy_block(kb, kbase, P.k_st, k0);
-  copy_block(vb, vbase, P.v_st, k0);
+  using key_rows = std::integral_constant<int, kKeys>;
+  using query_rows = std::integral_constant<int, kRows>;
+  copy_block(key_rows{}, kb, kbase, P.k_st, k0);
+  copy_block(key_rows{}, vb, vbase, P.v_st, k0);
   if (tid < kKeys) gk[tid] = k0 + tid < len ? P.g.since_reset(bh, P.t, first + k0 + tid) * kLog2e : 0.f;
 
   // The query blocks at or after the key block, every query head's in turn: step s is block
@@ -101,8 +110,9 @@ __global__ void __launch_bounds__(128, 2) wgmma_flash_chunk_attention_backward_k
   auto query_row0 = [&](int step) { return k0 + (step % blocks) * kRows; };
   auto issue_rows = [&](int step, int buf) {
     const int64_t qh = query_head(step);
-    copy_block(qb + buf * kBlockBytes, static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh, P.q_st, query_row0(step));
-    copy_block(db + buf * kBlockBytes, static_cast<const T*>(P.dout) + batch * P.o_sb + qh * P.o_sh, P.o_st,
+    copy_block(query_rows{}, qb + buf * kBlockBytes, static_cast<const T*>(P.q) + batch * P.q_sb + qh * P.q_sh, P.q_st,
+               query_row0(step));
+    copy_block(query_rows{}, db + buf * kBlockBytes, static_cast<const T*>(P.dout) + batch * P.o_sb + qh * P.o_sh, P.o_st,
                query_row0(step));
   };
   issue_rows(0, 0);  // with the keys and values: one group
@@ -115,8 +125,11 @@ __global__ void __launch_bounds__(128, 2) wgmma_flash_chunk_attention_backward_k
   const uint64_t kmajor0 = kmajor_swizzled_desc(kb), nmajor0 = nmajor_swizzled_desc(kb, kRowBytes, kBlockBytes, 8 * kRowBytes);
   auto block_desc = [&](uint64_t base, const unsigned char* block) { return base + uint32_t(block - kb) / 16; };
   constexpr uint32_t kBufDesc = kBlockBytes / 16, kKSlice = 32 / 16, kRowSlice = 16 * kRowBytes / 16;
+  // This warpgroup's 64 rows of the key-sized blocks (as A), and its 32 columns of the keys (as dQ's B).
+  const uint32_t wg_rows = wg * 64 * kRowBytes / 16, wg_columns = wg * 32 * 2 / 16;
 
-  const int key_local[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  const int key = wg * 64 + wq * 16 + g;  // this thread's first key in the CTA's block
+  const int key_local[2] = {k0 + key, k0 + key + 8};
   float gkey[2];
   float dk[DH / 8][4], dv[E / 8][4];
   wgmma_zero(reinterpret_cast<float(&)[1][32]>(dk));
@@ -132,7 +145,7 @@ __global__ void __launch_bounds__(128, 2) wgmma_flash_chunk_attention_backward_k
     copy_async_wait<0>();
     fence_async_shared();
     __syncthreads();
-    if (step == 0) gkey[0] = gk[warp * 16 + g], gkey[1] = gk[warp * 16 + g + 8];
+    if (step == 0) gkey[0] = gk[key], gkey[1] = gk[key + 8];
     const bool more = step + 1 < steps;
     float4 next{};
     if (more) {
@@ -141,16 +154,17 @@ __global__ void __launch_bounds__(128, 2) wgmma_flash_chunk_attention_backward_k
       if (tid < kRows) next = backward_row_values(P, batch, bh, query_head(step + 1), first, len, query_row0(step + 1) + tid);
     }
 
-    // S^T and dP^T for the CTA's 64 keys and the block's 64 queries.
+    // S^T and dP^T for the warpgroup's 64 keys and the block's 64 queries.
     float st[8][4], dpt[8][4];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < DH / 16; ++kk)
-      wgmma_ss_n64<T>(&st[0][0], kmajor0 + kk * kKSlice, block_desc(kmajor0, qb) + buf * kBufDesc + kk * kKSlice, kk > 0);
+      wgmma_ss<T, 64>(&st[0][0], kmajor0 + wg_rows + kk * kKSlice, block_desc(kmajor0, qb) + buf * kBufDesc + kk * kKSlice,
+                      kk > 0);
 #pragma unroll
     for (int kk = 0; kk < E / 16; ++kk)
-      wgmma_ss_n64<T>(&dpt[0][0], block_desc(kmajor0, vb) + kk * kKSlice, block_desc(kmajor0, db) + buf * kBufDesc + kk * kKSlice,
-                      kk > 0);
+      wgmma_ss<T, 64>(&dpt[0][0], block_desc(kmajor0, vb) + wg_rows + kk * kKSlice,
+                      block_desc(kmajor0, db) + buf * kBufDesc + kk * kKSlice, kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_pin(reinterpret_cast<float(&)[32]>(st));
@@ -161,7 +175,6 @@ __global__ void __launch_bounds__(128, 2) wgmma_flash_chunk_attention_backward_k
     const float4* rows = rows0 + buf * kRows;
     float* row_am = P.row_am + (batch * P.t + first + q0) * P.hq + qh;
     float am_rows[8];
-    const int key = warp * 16 + g;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       float a_val[4], b_val[4], am_col[2];
@@ -176,44 +189,49 @@ __global__ void __launch_bounds__(128, 2) wgmma_flash_chunk_attention_backward_k
     fence_async_shared();  // for the tensor cores, after the barrier
     __syncthreads();       // (r A)^T and B^T complete
 
-    float dqa[DH / 8][4];
+    // dV and dK of the warpgroup's keys; its 32 columns of dQ over all kKeys keys (the B^T rows of
+    // both warpgroups, M-major, against the keys' columns N-major).
+    float dqa[DH / 16][4];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      wgmma_ss_n64<T, false, true>(&dv[0][0], block_desc(kmajor0, at_) + kk * kKSlice,
+      wgmma_ss<T, 64, false, true>(&dv[0][0], block_desc(kmajor0, at_) + wg_rows + kk * kKSlice,
                                    block_desc(nmajor0, db) + buf * kBufDesc + kk * kRowSlice);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      wgmma_ss_n64<T, false, true>(&dk[0][0], block_desc(kmajor0, bt) + kk * kKSlice,
+      wgmma_ss<T, 64, false, true>(&dk[0][0], block_desc(kmajor0, bt) + wg_rows + kk * kKSlice,
                                    block_desc(nmajor0, qb) + buf * kBufDesc + kk * kRowSlice);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      wgmma_ss_n64<T, true, true>(&dqa[0][0], block_desc(nmajor0, bt) + kk * kRowSlice, nmajor0 + kk * kRowSlice, kk > 0);
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma_ss<T, 32, true, true>(&dqa[0][0], block_desc(nmajor0, bt) + kk * kRowSlice, nmajor0 + wg_columns + kk * kRowSlice,
+                                  kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
-    wgmma_pin(reinterpret_cast<float(&)[32]>(dqa));
+    wgmma_pin(reinterpret_cast<float(&)[16]>(dqa));
     wgmma_pin(reinterpret_cast<float(&)[32]>(dk));
     wgmma_pin(reinterpret_cast<float(&)[32]>(dv));
     // The next block's row values into the other buffer, whose readers passed this block's first
     // barrier (stored here, not at once: their loads had the products' time to land).
     if (more && tid < kRows) rows0[(buf ^ 1) * kRows + tid] = next;
-    // dQ to the f32 sums: this warp's 16 rows through the dQ tile, a bulk reduction per row by lanes
-    // 0-15 (the copy engine's work, where 16 float2 atomics per thread and block were the warps').
+    // dQ to the f32 sums: this warp's 16 rows and its warpgroup's 32 columns through the dQ tile, a
+    // bulk reduction per row by lanes 0-15 (the copy engine's work, where 16 float2 atomics per
+    // thread and block were the warps').
+    float* const dq_part = dq_tile + wg * 32;
     if (lane < 16) bulk_wait_read<0>();  // the previous block's reductions have read the rows
     __syncwarp();
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-      for (int nt = 0; nt < DH / 8; ++nt)
-        *reinterpret_cast<float2*>(dq_tile + (warp * 16 + g + 8 * hf) * kDqStride + nt * 8 + 2 * tq) =
+      for (int nt = 0; nt < DH / 16; ++nt)
+        *reinterpret_cast<float2*>(dq_part + (wq * 16 + g + 8 * hf) * kDqStride + nt * 8 + 2 * tq) =
             make_float2(dqa[nt][2 * hf], dqa[nt][2 * hf + 1]);
     fence_async_shared();  // for the copy engine
     __syncwarp();
     if (lane < 16) {
-      const int row = warp * 16 + lane;
+      const int row = wq * 16 + lane;
       if (q0 + row < len)
-        bulk_add_to_global(P.dq + ((batch * P.t + first + q0 + row) * P.hq + qh) * DH, dq_tile + row * kDqStride,
-                           DH * sizeof(float));
+        bulk_add_to_global(P.dq + ((batch * P.t + first + q0 + row) * P.hq + qh) * DH + wg * 32, dq_part + row * kDqStride,
+                           32 * sizeof(float));
       bulk_commit();
     }
   }
