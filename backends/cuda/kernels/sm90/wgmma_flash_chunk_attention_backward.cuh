@@ -1,26 +1,30 @@
 // The intra-chunk pairs of power_attention_backward (kernels/sm80/flash_chunk_attention_backward.cuh,
-// which states the terms) with its five products on wgmma (sm_90a), for d = e = 64. Per query block
-// of 64 rows against the CTA's 64 keys (one warpgroup), every operand in shared memory:
-//   S^T = K Q^T, dP^T = V dout^T   A (keys, values) and B (queries, dout) K-major
+// which states the terms) with its five products on wgmma (sm_90a), for d = e = 64. A CTA takes 128
+// keys of a chunk, 64 per consumer warpgroup; per query block of 64 rows, every operand in shared
+// memory:
+//   S^T = K Q^T, dP^T = V dout^T   A (the warpgroup's keys, values), B (queries, dout) K-major
 //   dV += (r A)^T dout             A: the terms stored as rows of keys (K-major), B: dout N-major
 //   dK += B^T Q                    likewise, B: the queries N-major
-//   dQ = B K                       A: the same B^T read M-major, B: the keys N-major
+//   dQ = B K                       per warpgroup 32 of its columns over all 128 keys: A the B^T of
+//                                  both read M-major, B the keys' columns N-major
 // and dQ added to the f32 dq sums by bulk reductions (cp.reduce.async.bulk), a row at a time. The
 // terms between the products are the mma.sync kernel's own (backward_pair_terms and that file's
 // other shared pieces): wgmma's m64 accumulators have mma.sync's layout per warp.
 //
 // Why: the mma.sync kernel is latency-bound at 168 registers (three CTAs per SM), each of its warps
 // reading every query and dout block through ldmatrix for its 16 keys. Here the tensor cores read
-// each operand once per block, the products are 20 instructions per block, and the terms go to
-// shared memory as soon as they are formed (as register fragments for dV and dK they held 32 more
-// registers through the products: 255, some spilled). Two CTAs per SM (236 registers): capped at 168
-// for three, it spilled 170 bytes and ran 35% slower. H100, P1 (ncu): 467 -> 330 us at t = 4096,
-// 1.49 -> 1.39 ms at 65536; without the dq sums 222 us and 0.999 ms: the L2's reductions bound it,
-// by bulk reductions as by float2 atomics (docs/performance.md lesson 14).
+// each operand once per block, and the terms go to shared memory as soon as they are formed (as
+// register fragments for dV and dK they held 32 more registers through the products). With one
+// warpgroup of 64 keys per CTA (two CTAs per SM), H100, P1 (ncu): 467 -> 330 us at t = 4096, 1.49 ->
+// 1.39 ms at 65536, where without the dq sums it took 222 us and 0.999 ms: the L2's reductions bound
+// it, by bulk reductions as by float2 atomics. Two warpgroups sharing the query blocks reduce each
+// dq row once per 128 keys: 301-305 us at 4096, but 1.38 ms at 65536, where one CTA per SM (255
+// registers) hides less than two did (docs/performance.md lesson 14).
 //
-// Blocks are 64 rows of 128 bytes with the hardware's 128-byte swizzle, so that one layout serves
-// as K-major and as N-major (or M-major) operand. The query and dout blocks (every query head's in
-// turn) arrive by cp.async into two buffers, block s + 1 while s is multiplied.
+// Blocks are rows of 128 bytes with the hardware's 128-byte swizzle, so that one layout serves as
+// K-major and as N-major (or M-major) operand; an operand's descriptor may start 32 or 64 bytes into
+// the rows (a k16 slice of a K-major one, dQ's 32 columns of the keys). The query and dout blocks
+// (every query head's in turn) arrive by cp.async into two buffers, block s + 1 while s is multiplied.
 #pragma once
 
 #include "kernels/sm80/flash_chunk_attention_backward.cuh"
