@@ -72,6 +72,27 @@ constexpr size_t flash_backward_smem() {
 // whose m64 accumulators have this kernel's per-warp layout: warp w holds keys 16 w + g and + 8, and
 // queries 8 nt + 2 tq and + 1 of each n-tile nt.
 
+// The key block a CTA takes (`keys` keys of one chunk and kv head), in order of their work, the
+// longest first (block 0 of every chunk-head, then block 1, ...; a key block sees every query block
+// at or after it), within groups of P.group chunk-heads taken in turn. Over all chunk-heads at once
+// (P1 t = 65536: 512) the CTAs in flight touched 200 MB of q, dout and dq sums, and the kernel read
+// 4 GB from DRAM.
+struct backward_key_block {
+  int64_t kv, batch, bh;
+  int64_t first, len;  // the chunk's first token and its length
+  int k0;              // the block's first key in the chunk (past len: nothing to do)
+  int64_t group;       // query heads per kv head
+};
+__device__ __forceinline__ backward_key_block decode_key_block(const flash_backward_params& P, int keys) {
+  const cta_coords at = decode_cta_by_rank(P.key_tiles, P.h, P.n, P.group);  // rank = key tile
+  backward_key_block kb;
+  kb.kv = at.head, kb.batch = at.batch, kb.bh = at.batch * P.h + at.head;
+  kb.first = at.chunk * P.c, kb.len = min(P.c, P.t - kb.first);
+  kb.k0 = at.tile * keys;
+  kb.group = P.hq / P.h;
+  return kb;
+}
+
 // The values of query row `row` (its index in the chunk): {restarted Gc (base 2), dden, r, first key
 // (its bits)}; a row past the chunk gets r = 0 and sees no key.
 __device__ __forceinline__ float4 backward_row_values(const flash_backward_params& P, int64_t batch, int64_t bh, int64_t qh,
@@ -209,16 +230,10 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
   constexpr int kQStep = kThreads / (DH / 8), kDStep = kThreads / (E / 8);  // rows per pass of the copies
   static_assert(kThreads % (DH / 8) == 0 && kRows % kQStep == 0 && kThreads % (E / 8) == 0 && kRows % kDStep == 0,
                 "the row copies divide evenly");
-  // Key blocks in order of their work, the longest first (block 0 of every chunk-head, then block
-  // 1, ...; a key block sees every query block at or after it), within groups of P.group
-  // chunk-heads taken in turn. Over all chunk-heads at once (P1 t = 65536: 512) the CTAs in flight
-  // touched 200 MB of q, dout and dq sums, and the kernel read 4 GB from DRAM.
-  const cta_coords at = decode_cta_by_rank(P.key_tiles, P.h, P.n, P.group);  // rank = key tile
-  const int64_t kv = at.head, m = at.chunk, batch = at.batch, bh = batch * P.h + kv;
-  const int64_t first = m * P.c, len = min(P.c, P.t - first);
-  const int k0 = at.tile * kKeys;
+  const backward_key_block kblk = decode_key_block(P, kKeys);
+  const int64_t kv = kblk.kv, batch = kblk.batch, bh = kblk.bh, first = kblk.first, len = kblk.len, group = kblk.group;
+  const int k0 = kblk.k0;
   if (k0 >= len) return;
-  const int64_t group = P.hq / P.h;
 
   const T* kbase = static_cast<const T*>(P.k) + batch * P.k_sb + kv * P.k_sh;
   const T* vbase = static_cast<const T*>(P.v) + batch * P.v_sb + kv * P.v_sh;

@@ -77,12 +77,10 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   const int wg = warp / 4, wq = warp % 4;  // this warp's warpgroup (its 64 keys), and warp in it
-  const cta_coords at = decode_cta_by_rank(P.key_tiles, P.h, P.n, P.group);  // rank = key tile
-  const int64_t kv = at.head, m = at.chunk, batch = at.batch, bh = batch * P.h + kv;
-  const int64_t first = m * P.c, len = min(P.c, P.t - first);
-  const int k0 = at.tile * kKeys;
+  const backward_key_block kblk = decode_key_block(P, kKeys);
+  const int64_t kv = kblk.kv, batch = kblk.batch, bh = kblk.bh, first = kblk.first, len = kblk.len, group = kblk.group;
+  const int k0 = kblk.k0;
   if (k0 >= len) return;
-  const int64_t group = P.hq / P.h;
 
   // Copies of a block's rows (block_rows: kKeys or kRows) into its swizzled place: this thread takes
   // 16-byte chunk tid % 8 of rows tid / 8 + 32 i (zeros past the chunk, whose sources are not read).
