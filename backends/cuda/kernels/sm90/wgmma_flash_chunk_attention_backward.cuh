@@ -24,8 +24,7 @@
 // Blocks are rows of 128 bytes with the hardware's 128-byte swizzle, so that one layout serves as
 // K-major and as N-major (or M-major) operand; an operand's descriptor may start 32 or 64 bytes into
 // the rows (a k16 slice of a K-major one, dQ's 32 columns of the keys). The query and dout blocks
-// (every query head's in turn) arrive by cp.async into three buffers, block s + 2 while s is multiplied
-// and s + 1's first products run behind s's last.
+// (every query head's in turn) arrive by cp.async into two buffers, block s + 1 while s is multiplied.
 #pragma once
 
 #include "kernels/sm80/flash_chunk_attention_backward.cuh"
@@ -43,11 +42,8 @@ constexpr int kBlockBytes = flash_backward_cfg::kRows * kRowBytes;  // 8 KB per 
 // row once per 128 keys.
 constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups, kKeys = 64 * kWarpgroups;
 constexpr int kKeyBlockBytes = kKeys * kRowBytes;
-// Query and dout blocks in flight: block s + 2 arrives while s is multiplied and s + 1's S^T and dP^T
-// are issued behind s's last products.
-constexpr int kRowBuffers = 3;
-// Shared memory: keys, values, (r A)^T and B^T (kKeys rows each); the query and dout buffers.
-constexpr int kKeyBlocks = 4, kRowBlocks = 2 * kRowBuffers;
+// Shared memory: keys, values, (r A)^T and B^T (kKeys rows each); two query and two dout blocks.
+constexpr int kKeyBlocks = 4, kRowBlocks = 4;
 // The dQ tile of a block in f32, rows padded by 16 bytes (a warp's float2 stores of 8 rows then fall
 // in different banks), each row's 256 bytes added to dq by one bulk reduction.
 constexpr int kDqStride = kDim + 4;
@@ -73,9 +69,9 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
   unsigned char* const vb = kb + kKeyBlockBytes;
   unsigned char* const at_ = vb + kKeyBlockBytes;  // (r A)^T: rows are keys, 64 queries each
   unsigned char* const bt = at_ + kKeyBlockBytes;  // B^T likewise
-  unsigned char* const qb = bt + kKeyBlockBytes;              // [kRowBuffers] query blocks
-  unsigned char* const db = qb + kRowBuffers * kBlockBytes;  // [kRowBuffers] dout blocks
-  float* const dq_tile = reinterpret_cast<float*>(db + kRowBuffers * kBlockBytes);  // [kRows][kDqStride]
+  unsigned char* const qb = bt + kKeyBlockBytes;   // [2] query blocks
+  unsigned char* const db = qb + 2 * kBlockBytes;  // [2] dout blocks
+  float* const dq_tile = reinterpret_cast<float*>(db + 2 * kBlockBytes);  // [kRows][kDqStride]
   float4* const rows0 = reinterpret_cast<float4*>(dq_tile + kRows * kDqStride);  // [2][kRows] (backward_row_values)
   float* const gk = reinterpret_cast<float*>(rows0 + 2 * kRows);      // the keys' restarted Gc, base 2
 
@@ -121,13 +117,8 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
     copy_block(query_rows{}, db + buf * kBlockBytes, static_cast<const T*>(P.dout) + batch * P.o_sb + qh * P.o_sh, P.o_st,
                query_row0(step));
   };
-  // One commit group per block (block 0's with the keys and values; empty past the last step).
-  auto issue_step = [&](int step) {
-    if (step < steps) issue_rows(step, step % kRowBuffers);
-    copy_async_commit();
-  };
-  issue_step(0);
-  issue_step(1);
+  issue_rows(0, 0);  // with the keys and values: one group
+  copy_async_commit();
   if (tid < kRows) rows0[tid] = backward_row_values(P, batch, bh, query_head(0), first, len, query_row0(0) + tid);
 
   // Descriptors: every block's is the key block's plus its distance from it (in the address field's
@@ -147,10 +138,27 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
   wgmma_zero(reinterpret_cast<float(&)[1][32]>(dv));
   float key_sum[2] = {0.f, 0.f};  // sum of A_ij M_ij over the queries, for this thread's two keys
 
-  // S^T and dP^T of a block for the warpgroup's 64 keys: issued (one commit group with whatever
-  // precedes them) for block 0 here, for block s + 1 behind block s's last products.
-  float st[8][4], dpt[8][4];
-  auto issue_scores = [&](int buf) {
+  for (int step = 0; step < steps; ++step) {
+    const int buf = step & 1;
+    const int64_t qh = query_head(step);
+    const int q0 = query_row0(step);
+    // This block's rows have landed (for the tensor cores too), and every warp is done with the
+    // previous block: its buffers and B^T may be written again.
+    copy_async_wait<0>();
+    fence_async_shared();
+    __syncthreads();
+    if (step == 0) gkey[0] = gk[key], gkey[1] = gk[key + 8];
+    const bool more = step + 1 < steps;
+    float4 next{};
+    if (more) {
+      issue_rows(step + 1, buf ^ 1);
+      copy_async_commit();
+      if (tid < kRows) next = backward_row_values(P, batch, bh, query_head(step + 1), first, len, query_row0(step + 1) + tid);
+    }
+
+    // S^T and dP^T for the warpgroup's 64 keys and the block's 64 queries.
+    float st[8][4], dpt[8][4];
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < DH / 16; ++kk)
       wgmma_ss<T, 64>(&st[0][0], kmajor0 + wg_rows + kk * kKSlice, block_desc(kmajor0, qb) + buf * kBufDesc + kk * kKSlice,
@@ -159,33 +167,14 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
     for (int kk = 0; kk < E / 16; ++kk)
       wgmma_ss<T, 64>(&dpt[0][0], block_desc(kmajor0, vb) + wg_rows + kk * kKSlice,
                       block_desc(kmajor0, db) + buf * kBufDesc + kk * kKSlice, kk > 0);
-  };
-  copy_async_wait<1>();  // block 0, the keys and values
-  fence_async_shared();
-  __syncthreads();
-  gkey[0] = gk[key], gkey[1] = gk[key + 8];
-  wgmma_fence();
-  issue_scores(0);
-  wgmma_commit();
-
-  for (int step = 0; step < steps; ++step) {
-    const int buf = step % kRowBuffers;
-    const int64_t qh = query_head(step);
-    const int q0 = query_row0(step);
-    wgmma_wait<0>();  // this block's S^T and dP^T (and the previous block's products)
+    wgmma_commit();
+    wgmma_wait<0>();
     wgmma_pin(reinterpret_cast<float(&)[32]>(st));
     wgmma_pin(reinterpret_cast<float(&)[32]>(dpt));
-    // Every warp is done with the previous block: (r A)^T, B^T and the buffer of block step - 1 may
-    // be written again, the last by block step + 2's copies.
-    __syncthreads();
-    issue_step(step + 2);
-    const bool more = step + 1 < steps;
-    float4 next{};
-    if (more && tid < kRows) next = backward_row_values(P, batch, bh, query_head(step + 1), first, len, query_row0(step + 1) + tid);
 
     // (r A)^T and B^T into shared memory (rows of keys, the block's queries along them), and the
     // sums of A M by query and by key.
-    const float4* rows = rows0 + (step & 1) * kRows;
+    const float4* rows = rows0 + buf * kRows;
     float* row_am = P.row_am + (batch * P.t + first + q0) * P.hq + qh;
     float am_rows[8];
 #pragma unroll
@@ -200,9 +189,7 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
       *reinterpret_cast<uint32_t*>(bt + hi) = pack2_f32<T>(b_val[2], b_val[3]);
     }
     fence_async_shared();  // for the tensor cores, after the barrier
-    copy_async_wait<1>();  // block step + 1 (block step + 2's copies may still run)
-    fence_async_shared();
-    __syncthreads();  // (r A)^T and B^T complete, block step + 1 landed
+    __syncthreads();       // (r A)^T and B^T complete
 
     // dV and dK of the warpgroup's keys; its 32 columns of dQ over all kKeys keys (the B^T rows of
     // both warpgroups, M-major, against the keys' columns N-major).
@@ -221,15 +208,13 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
       wgmma_ss<T, 32, true, true>(&dqa[0][0], block_desc(nmajor0, bt) + kk * kRowSlice, nmajor0 + wg_columns + kk * kRowSlice,
                                   kk > 0);
     wgmma_commit();
-    if (more) issue_scores((step + 1) % kRowBuffers);
-    wgmma_commit();
-    wgmma_wait<1>();  // dV, dK and dQ (the next block's S^T and dP^T may still run)
+    wgmma_wait<0>();
     wgmma_pin(reinterpret_cast<float(&)[16]>(dqa));
     wgmma_pin(reinterpret_cast<float(&)[32]>(dk));
     wgmma_pin(reinterpret_cast<float(&)[32]>(dv));
     // The next block's row values into the other buffer, whose readers passed this block's first
     // barrier (stored here, not at once: their loads had the products' time to land).
-    if (more && tid < kRows) rows0[((step + 1) & 1) * kRows + tid] = next;
+    if (more && tid < kRows) rows0[(buf ^ 1) * kRows + tid] = next;
     // dQ to the f32 sums: this warp's 16 rows and its warpgroup's 32 columns through the dQ tile, a
     // bulk reduction per row by lanes 0-15 (the copy engine's work, where 16 float2 atomics per
     // thread and block were the warps').
