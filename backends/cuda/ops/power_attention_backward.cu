@@ -167,7 +167,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
       with_degree(pb.p, [&](auto degree) {
         if constexpr (on_wgmma)
           launch_with_smem(wgmma_flash_chunk_attention_backward_kernel<T, degree.value>, ctas,
-                           wgmma_flash_backward_cfg::kThreads, wgmma_flash_backward_smem<T>(), lc.stream, P);
+                           wgmma_flash_backward_cfg::kThreads, wgmma_flash_backward_smem(), lc.stream, P);
         else
           launch_with_smem(flash_chunk_attention_backward_kernel<T, 64, 64, degree.value>, ctas, kThreads,
                            flash_backward_smem<T, 64, 64>(), lc.stream, P);

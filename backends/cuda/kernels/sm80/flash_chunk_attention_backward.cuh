@@ -68,9 +68,10 @@ constexpr size_t flash_backward_smem() {
          kKeys * sizeof(float) + 2 * kRows * sizeof(float4);
 }
 
-// The pieces below are shared with the wgmma kernel (kernels/sm90/wgmma_flash_chunk_attention_backward.cuh),
-// whose m64 accumulators have this kernel's per-warp layout: warp w holds keys 16 w + g and + 8, and
-// queries 8 nt + 2 tq and + 1 of each n-tile nt.
+// The pieces below but add_dq_rows are shared with the wgmma kernel
+// (kernels/sm90/wgmma_flash_chunk_attention_backward.cuh, whose dq goes by bulk reductions), whose m64
+// accumulators have this kernel's per-warp layout: warp w holds keys 16 w + g and + 8, and queries
+// 8 nt + 2 tq and + 1 of each n-tile nt.
 
 // The key block a CTA takes (`keys` keys of one chunk and kv head), in order of their work, the
 // longest first (block 0 of every chunk-head, then block 1, ...; a key block sees every query block

@@ -45,11 +45,10 @@ constexpr int kKeyBlockBytes = kKeys * kRowBytes;
 // Shared memory: keys, values, (r A)^T and B^T (kKeys rows each); two query and two dout blocks.
 constexpr int kKeyBlocks = 4, kRowBlocks = 4;
 // The dQ tile of a block in f32, rows padded by 16 bytes (a warp's float2 stores of 8 rows then fall
-// in different banks), each row's 256 bytes added to dq by one bulk reduction.
+// in different banks); each warpgroup's 128 bytes of a row are added to dq by one bulk reduction.
 constexpr int kDqStride = kDim + 4;
 }  // namespace wgmma_flash_backward_cfg
 
-template <class T>
 constexpr size_t wgmma_flash_backward_smem() {
   using namespace wgmma_flash_backward_cfg;
   return 1024 /* alignment */ + size_t(kKeyBlocks) * kKeyBlockBytes + size_t(kRowBlocks) * kBlockBytes +
