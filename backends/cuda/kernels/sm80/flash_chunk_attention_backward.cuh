@@ -109,8 +109,10 @@ __device__ __forceinline__ float4 backward_row_values(const flash_backward_param
 }
 
 // The terms of n-tile nt (queries q0 + 8 nt + 2 tq and + 1) against this thread's two keys, from the
-// tile's S^T and dP^T: r_i A_ij (a_val, for dv) and B_ij (b_val, for dk and dq) in the fragment's
-// order; the sums of A_ij M_ij added to key_sum by key and written to am_col by query (over the keys).
+// tile's S^T and dP^T: r_i A_ij (a_val, for dv) and B_ij scale / p (b_val, for dk and dq) in the
+// fragment's order; the sums of A_ij M_ij added to key_sum by key and written to am_col by query (over
+// the keys). B in those units (the kernels multiply dk by p and dq by p / scale) is what the wgmma
+// kernel's factored terms form without a multiplication more.
 template <int kP>
 __device__ __forceinline__ void backward_pair_terms(float scale, const float4* rows, int q0, int nt, int tq,
                                                     const int (&key_local)[2], const float (&gkey)[2],
@@ -129,7 +131,7 @@ __device__ __forceinline__ void backward_pair_terms(float scale, const float4* r
     for (int k = 1; k < kP; ++k) pw *= s;
     const float a = pw * s * decay, mm = fmaf(dpt[i], rv.z, rv.y);
     a_val[i] = a * rv.z;
-    b_val[i] = float(kP) * pw * decay * mm;
+    b_val[i] = scale * pw * decay * mm;
     key_sum[hf] = fmaf(a, mm, key_sum[hf]);
     am_col[i & 1] = fmaf(a, mm, am_col[i & 1]);
   }
@@ -157,10 +159,11 @@ __device__ __forceinline__ void add_query_sums(float (&am_rows)[8], const float 
   if (q0 + row < len) atomicAdd(row_am + int64_t(row) * hq, sum);
 }
 
-// Adds a warp's dQ rows (queries q0 + 16 warp + g and + 8, DH columns) to the f32 dq sums.
+// Adds a warp's dQ rows (queries q0 + 16 warp + g and + 8, DH columns), times `unit`, to the f32 dq sums.
 template <int DH>
-__device__ __forceinline__ void add_dq_rows(const flash_backward_params& P, const float (&dqa)[DH / 8][4], int64_t batch,
-                                            int64_t qh, int64_t first, int64_t len, int q0, int warp, int g, int tq) {
+__device__ __forceinline__ void add_dq_rows(const flash_backward_params& P, const float (&dqa)[DH / 8][4], float unit,
+                                            int64_t batch, int64_t qh, int64_t first, int64_t len, int q0, int warp, int g,
+                                            int tq) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int row = q0 + warp * 16 + g + 8 * hf;
@@ -169,18 +172,18 @@ __device__ __forceinline__ void add_dq_rows(const flash_backward_params& P, cons
 #pragma unroll
     for (int nt = 0; nt < DH / 8; ++nt) {
 #if __CUDA_ARCH__ >= 900  // one vector atomic for the two neighbours (sm_90's float2 atomicAdd)
-      atomicAdd(reinterpret_cast<float2*>(out + nt * 8 + 2 * tq), make_float2(dqa[nt][2 * hf], dqa[nt][2 * hf + 1]));
+      atomicAdd(reinterpret_cast<float2*>(out + nt * 8 + 2 * tq), make_float2(unit * dqa[nt][2 * hf], unit * dqa[nt][2 * hf + 1]));
 #else
-      atomicAdd(out + nt * 8 + 2 * tq, dqa[nt][2 * hf]);
-      atomicAdd(out + nt * 8 + 2 * tq + 1, dqa[nt][2 * hf + 1]);
+      atomicAdd(out + nt * 8 + 2 * tq, unit * dqa[nt][2 * hf]);
+      atomicAdd(out + nt * 8 + 2 * tq + 1, unit * dqa[nt][2 * hf + 1]);
 #endif
     }
   }
 }
 
-// Writes this thread's two keys' dk (times scale), dv and sums of A M (summed over the quad first).
+// Writes this thread's two keys' dk (times dk_unit), dv and sums of A M (summed over the quad first).
 template <int DH, int E>
-__device__ __forceinline__ void store_key_sums(const flash_backward_params& P, const float (&dk)[DH / 8][4],
+__device__ __forceinline__ void store_key_sums(const flash_backward_params& P, float dk_unit, const float (&dk)[DH / 8][4],
                                                const float (&dv)[E / 8][4], float (&key_sum)[2], const int (&key_local)[2],
                                                int64_t batch, int64_t kv, int64_t first, int64_t len, int tq) {
 #pragma unroll
@@ -197,7 +200,7 @@ __device__ __forceinline__ void store_key_sums(const flash_backward_params& P, c
     float* dv_row = P.dv + (j * P.h + kv) * E;
 #pragma unroll
     for (int nt = 0; nt < DH / 8; ++nt)
-      *reinterpret_cast<float2*>(dk_row + nt * 8 + 2 * tq) = make_float2(P.scale * dk[nt][2 * hf], P.scale * dk[nt][2 * hf + 1]);
+      *reinterpret_cast<float2*>(dk_row + nt * 8 + 2 * tq) = make_float2(dk_unit * dk[nt][2 * hf], dk_unit * dk[nt][2 * hf + 1]);
 #pragma unroll
     for (int nt = 0; nt < E / 8; ++nt)
       *reinterpret_cast<float2*>(dv_row + nt * 8 + 2 * tq) = make_float2(dv[nt][2 * hf], dv[nt][2 * hf + 1]);
@@ -384,10 +387,10 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
 #pragma unroll
       for (int i = 0; i < 4; ++i) dqa[nt][i] = 0.f;
     add_times_tile<T, DH>(dqa, bq, ks, kKS, lane);
-    add_dq_rows<DH>(P, dqa, batch, qh, first, len, q0, warp, g, tq);
+    add_dq_rows<DH>(P, dqa, float(kP) / P.scale, batch, qh, first, len, q0, warp, g, tq);
   }
 
-  store_key_sums<DH, E>(P, dk, dv, key_sum, key_local, batch, kv, first, len, tq);
+  store_key_sums<DH, E>(P, float(kP), dk, dv, key_sum, key_local, batch, kv, first, len, tq);
 }
 
 }  // namespace expanse_cuda
