@@ -85,36 +85,6 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
 #endif
 }
 
-// Adds `bytes` of f32 values (a multiple of 16; both addresses 16-byte aligned) from shared memory to
-// global memory, element by element in L2, as one operation of the copy engine; the thread's
-// operations since its last bulk_commit form a group (bulk_wait_read, bulk_wait).
-__device__ __forceinline__ void bulk_add_to_global(float* dst, const float* src, uint32_t bytes) {
-#if EXPANSE_SM90A_DEVICE
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(smem_address(src)), "r"(bytes)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void bulk_commit() {
-#if EXPANSE_SM90A_DEVICE
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-// Waits until at most `Pending` of this thread's bulk groups still read their shared memory.
-template <int Pending>
-__device__ __forceinline__ void bulk_wait_read() {
-#if EXPANSE_SM90A_DEVICE
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(Pending) : "memory");
-#endif
-}
-// Waits until at most `Pending` of this thread's bulk groups are incomplete.
-template <int Pending>
-__device__ __forceinline__ void bulk_wait() {
-#if EXPANSE_SM90A_DEVICE
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(Pending) : "memory");
-#endif
-}
-
 // One arrival on `bar` once every cp.async this thread has issued so far has landed (counted in
 // the barrier's arrivals at init: "noinc").
 __device__ __forceinline__ void copy_async_arrive(uint64_t* bar) {

@@ -7,7 +7,7 @@
 //   dK += B^T Q                    likewise, B: the queries N-major
 //   dQ = B K                       per warpgroup 32 of its columns over all 128 keys: A the B^T of
 //                                  both read M-major, B the keys' columns N-major
-// and dQ added to the f32 dq sums by bulk reductions (cp.reduce.async.bulk), a row at a time. The
+// and dQ added to the f32 dq sums by 16-byte vector reductions (red.global.add.v4.f32). The
 // terms between the products are the mma.sync kernel's own (backward_pair_terms and that file's
 // other shared pieces): wgmma's m64 accumulators have mma.sync's layout per warp. Query blocks past
 // the CTA's keys with no reset among them take the factored terms below instead (about half the
@@ -22,7 +22,9 @@
 // 1.39 ms at 65536, where without the dq sums it took 222 us and 0.999 ms: the L2's reductions bound
 // it, by bulk reductions as by float2 atomics. Two warpgroups sharing the query blocks reduce each
 // dq row once per 128 keys: 301-305 us at 4096, but 1.38 ms at 65536, where one CTA per SM (255
-// registers) hides less than two did (docs/performance.md lesson 14).
+// registers) hides less than two did (docs/performance.md lesson 14). The bulk reductions, a row
+// per lane, compiled to a loop electing one lane at a time (11% of the stall samples); 16-byte
+// vector reductions instead: H200, 293-299 -> 280-282 us at 4096, 1.38 -> 1.34-1.35 ms at 65536.
 //
 // Blocks are rows of 128 bytes with the hardware's 128-byte swizzle, so that one layout serves as
 // K-major and as N-major (or M-major) operand; an operand's descriptor may start 32 or 64 bytes into
@@ -47,15 +49,12 @@ constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups, kKeys = 64 * kWarpg
 constexpr int kKeyBlockBytes = kKeys * kRowBytes;
 // Shared memory: keys, values, (r A)^T and B^T (kKeys rows each); two query and two dout blocks.
 constexpr int kKeyBlocks = 4, kRowBlocks = 4;
-// The dQ tile of a block in f32, rows padded by 16 bytes (a warp's float2 stores of 8 rows then fall
-// in different banks); each warpgroup's 128 bytes of a row are added to dq by one bulk reduction.
-constexpr int kDqStride = kDim + 4;
 }  // namespace wgmma_flash_backward_cfg
 
 constexpr size_t wgmma_flash_backward_smem() {
   using namespace wgmma_flash_backward_cfg;
   return 1024 /* alignment */ + size_t(kKeyBlocks) * kKeyBlockBytes + size_t(kRowBlocks) * kBlockBytes +
-         flash_backward_cfg::kRows * kDqStride * sizeof(float) + 2 * flash_backward_cfg::kRows * (sizeof(float4) + sizeof(float2)) +
+         2 * flash_backward_cfg::kRows * (sizeof(float4) + sizeof(float2)) +
          2 * kKeys * sizeof(float);
 }
 
@@ -112,8 +111,7 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
   unsigned char* const bt = at_ + kKeyBlockBytes;  // B^T likewise
   unsigned char* const qb = bt + kKeyBlockBytes;   // [2] query blocks
   unsigned char* const db = qb + 2 * kBlockBytes;  // [2] dout blocks
-  float* const dq_tile = reinterpret_cast<float*>(db + 2 * kBlockBytes);  // [kRows][kDqStride]
-  float4* const rows0 = reinterpret_cast<float4*>(dq_tile + kRows * kDqStride);  // [2][kRows] (backward_row_values)
+  float4* const rows0 = reinterpret_cast<float4*>(db + 2 * kBlockBytes);  // [2][kRows] (backward_row_values)
   float2* const rows_f0 = reinterpret_cast<float2*>(rows0 + 2 * kRows);  // [2][kRows] (factored_row_values)
   float* const gk = reinterpret_cast<float*>(rows_f0 + 2 * kRows);    // the keys' restarted Gc, base 2
   float* const ek = gk + kKeys;                                       // e_j of factored_pair_terms
@@ -184,7 +182,6 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
 
   const int key = wg * 64 + wq * 16 + g;  // this thread's first key in the CTA's block
   const int key_local[2] = {k0 + key, k0 + key + 8};
-  float gkey[2];
   float dk[DH / 8][4], dv[E / 8][4];
   wgmma_zero(reinterpret_cast<float(&)[1][32]>(dk));
   wgmma_zero(reinterpret_cast<float(&)[1][32]>(dv));
@@ -199,7 +196,6 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
     copy_async_wait<0>();
     fence_async_shared();
     __syncthreads();
-    if (step == 0) gkey[0] = gk[key], gkey[1] = gk[key + 8];
     const bool more = step + 1 < steps;
     float4 next{};
     if (more) {
@@ -249,6 +245,7 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
         store_terms(nt, a_val, b_val);
       }
     } else {
+      const float gkey[2] = {gk[key], gk[key + 8]};
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         float a_val[4], b_val[4], am_col[2];
@@ -287,32 +284,26 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
       rows0[(buf ^ 1) * kRows + tid] = next;
       rows_f0[(buf ^ 1) * kRows + tid] = factored_row_values<kP>(next, gk[kKeys - 1], P.scale);
     }
-    // dQ to the f32 sums: this warp's 16 rows and its warpgroup's 32 columns through the dQ tile, a
-    // bulk reduction per row by lanes 0-15 (the copy engine's work, where 16 float2 atomics per
-    // thread and block were the warps').
-    float* const dq_part = dq_tile + wg * 32;
+    // dQ to the f32 sums: this warp's 16 rows and its warpgroup's 32 columns, 16-byte vector
+    // reductions (red.global.add.v4.f32) of four neighbouring columns each, which a thread and its
+    // neighbour tq ^ 1 form by trading a pair: the even one adds row g, the odd one row g + 8.
     const float dq_unit = float(kP) / P.scale;  // the terms' units (backward_pair_terms)
-    if (lane < 16) bulk_wait_read<0>();  // the previous block's reductions have read the rows
-    __syncwarp();
+    const bool odd = tq & 1;
+    const int dq_row = q0 + wq * 16 + g + (odd ? 8 : 0);
+    float* const dq_out = P.dq + ((batch * P.t + first + dq_row) * P.hq + qh) * DH + wg * 32 + 2 * (tq & 2);
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-      for (int nt = 0; nt < DH / 16; ++nt)
-        *reinterpret_cast<float2*>(dq_part + (wq * 16 + g + 8 * hf) * kDqStride + nt * 8 + 2 * tq) =
-            make_float2(dq_unit * dqa[nt][2 * hf], dq_unit * dqa[nt][2 * hf + 1]);
-    fence_async_shared();  // for the copy engine
-    __syncwarp();
-    if (lane < 16) {
-      const int row = wq * 16 + lane;
-      if (q0 + row < len)
-        bulk_add_to_global(P.dq + ((batch * P.t + first + q0 + row) * P.hq + qh) * DH + wg * 32, dq_part + row * kDqStride,
-                           32 * sizeof(float));
-      bulk_commit();
+    for (int nt = 0; nt < DH / 16; ++nt) {
+      const float give0 = odd ? dqa[nt][0] : dqa[nt][2], give1 = odd ? dqa[nt][1] : dqa[nt][3];
+      const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1), got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+      const float4 sum = odd ? make_float4(got0, got1, dqa[nt][2], dqa[nt][3]) : make_float4(dqa[nt][0], dqa[nt][1], got0, got1);
+      if (dq_row < len)
+        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dq_out + nt * 8), "f"(dq_unit * sum.x),
+                     "f"(dq_unit * sum.y), "f"(dq_unit * sum.z), "f"(dq_unit * sum.w)
+                     : "memory");
     }
   }
 
   store_key_sums<DH, E>(P, float(kP), dk, dv, key_sum, key_local, batch, kv, first, len, tq);
-  if (lane < 16) bulk_wait<0>();  // the dQ tile stays until its reductions are done
 }
 
 }  // namespace expanse_cuda
