@@ -95,17 +95,26 @@ __device__ __forceinline__ backward_key_block decode_key_block(const flash_backw
 }
 
 // The values of query row `row` (its index in the chunk): {restarted Gc (base 2), dden, r, first key
-// (its bits)}; a row past the chunk gets r = 0 and sees no key.
-__device__ __forceinline__ float4 backward_row_values(const flash_backward_params& P, int64_t batch, int64_t bh, int64_t qh,
-                                                      int64_t first, int64_t len, int64_t row) {
+// (its bits)}; a row past the chunk gets r = 0 and sees no key. In two steps, the loads and then the
+// arithmetic on them, so that a kernel can issue the loads a block ahead and use them a block later
+// (the arithmetic right after the loads made the warp wait for them there).
+__device__ __forceinline__ float4 backward_row_loads(const flash_backward_params& P, int64_t batch, int64_t bh, int64_t qh,
+                                                     int64_t first, int64_t len, int64_t row) {
   const bool in = row < len;
   const int64_t i = first + row;
   float4 r;
-  r.x = in ? P.g.since_reset(bh, P.t, i) * kLog2e : 0.f;
+  r.x = in ? P.g.since_reset(bh, P.t, i) : 0.f;
   r.y = in && P.dden ? P.dden[(batch * P.t + i) * P.hq + qh] : 0.f;
   r.z = !in ? 0.f : P.rden ? P.rden[(batch * P.t + i) * P.hq + qh] : 1.f;
-  r.w = __int_as_float(in ? P.g.first_key(bh, P.t, i) : int(len));
+  r.w = __int_as_float(!in ? int(len) : P.g.last_reset ? P.g.last_reset[bh * P.t + i] : 0);  // first_key but its max
   return r;
+}
+__device__ __forceinline__ float4 backward_row_finish(float4 loads) {
+  return make_float4(loads.x * kLog2e, loads.y, loads.z, __int_as_float(max(0, __float_as_int(loads.w))));
+}
+__device__ __forceinline__ float4 backward_row_values(const flash_backward_params& P, int64_t batch, int64_t bh, int64_t qh,
+                                                      int64_t first, int64_t len, int64_t row) {
+  return backward_row_finish(backward_row_loads(P, batch, bh, qh, first, len, row));
 }
 
 // The terms of n-tile nt (queries q0 + 8 nt + 2 tq and + 1) against this thread's two keys, from the
@@ -297,10 +306,10 @@ __global__ void __launch_bounds__(128, 3) flash_chunk_attention_backward_kernel(
     }
     copy_async_commit();
   };
-  auto load_row = [&](int step) {  // row tid's values (tid < kRows)
-    return backward_row_values(P, batch, bh, kv * group + step / blocks, first, len, k0 + (step % blocks) * kRows + tid);
+  auto load_row = [&](int step) {  // row tid's loads (tid < kRows)
+    return backward_row_loads(P, batch, bh, kv * group + step / blocks, first, len, k0 + (step % blocks) * kRows + tid);
   };
-  auto store_row = [&](const float4& r, int buf) { rows0[buf * kRows + tid] = r; };
+  auto store_row = [&](const float4& loads, int buf) { rows0[buf * kRows + tid] = backward_row_finish(loads); };
   if (steps > 0) {
     issue_rows(0, 0);
     if (tid < kRows) store_row(load_row(0), 0);

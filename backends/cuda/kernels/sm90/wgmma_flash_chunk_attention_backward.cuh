@@ -25,6 +25,11 @@
 // registers) hides less than two did (docs/performance.md lesson 14). The bulk reductions, a row
 // per lane, compiled to a loop electing one lane at a time (11% of the stall samples); 16-byte
 // vector reductions instead: H200, 293-299 -> 280-282 us at 4096, 1.38 -> 1.34-1.35 ms at 65536.
+// The next block's row values are loaded a block ahead and their arithmetic done only when they are
+// stored (backward_row_loads, backward_row_finish): done at once, it waited for the loads there,
+// with every warp of the CTA behind it at the next barrier: 272 -> 251 us, 1.31 -> 1.18 ms.
+// (Warpgroups out of step, the first handing its dQ to the second through shared memory and the
+// query blocks in a ring of three with mbarriers, measured 267 us and 1.29 ms: not kept.)
 //
 // Blocks are rows of 128 bytes with the hardware's 128-byte swizzle, so that one layout serves as
 // K-major and as N-major (or M-major) operand; an operand's descriptor may start 32 or 64 bytes into
@@ -201,7 +206,7 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
     if (more) {
       issue_rows(step + 1, buf ^ 1);
       copy_async_commit();
-      if (tid < kRows) next = backward_row_values(P, batch, bh, query_head(step + 1), first, len, query_row0(step + 1) + tid);
+      if (tid < kRows) next = backward_row_loads(P, batch, bh, query_head(step + 1), first, len, query_row0(step + 1) + tid);
     }
 
     // S^T and dP^T for the warpgroup's 64 keys and the block's 64 queries.
@@ -281,8 +286,9 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
     // The next block's row values into the other buffer, whose readers passed this block's first
     // barrier (stored here, not at once: their loads had the products' time to land).
     if (more && tid < kRows) {
-      rows0[(buf ^ 1) * kRows + tid] = next;
-      rows_f0[(buf ^ 1) * kRows + tid] = factored_row_values<kP>(next, gk[kKeys - 1], P.scale);
+      const float4 rv = backward_row_finish(next);
+      rows0[(buf ^ 1) * kRows + tid] = rv;
+      rows_f0[(buf ^ 1) * kRows + tid] = factored_row_values<kP>(rv, gk[kKeys - 1], P.scale);
     }
     // dQ to the f32 sums: this warp's 16 rows and its warpgroup's 32 columns, 16-byte vector
     // reductions (red.global.add.v4.f32) of four neighbouring columns each, which a thread and its
