@@ -49,9 +49,11 @@ constexpr int kRowBytes = kDim * 2;                              // one swizzled
 constexpr int kBlockBytes = flash_backward_cfg::kRows * kRowBytes;  // 8 KB per block of 64 rows
 // Two consumer warpgroups, 64 keys each: the CTA's 128 keys share each query and dout block, and its
 // dQ (split by columns between the warpgroups) sums over all 128, so that the L2 reduces each dq
-// row once per 128 keys.
+// row once per 128 keys. (kWarpgroups = 1 compiles to 64 keys per CTA, dQ's 64 columns, two CTAs per
+// SM: not yet measured against this.)
 constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups, kKeys = 64 * kWarpgroups;
 constexpr int kKeyBlockBytes = kKeys * kRowBytes;
+constexpr int kDqColumns = kDim / kWarpgroups;  // a warpgroup's columns of dQ (over all kKeys keys)
 // Shared memory: keys, values, (r A)^T and B^T (kKeys rows each); two query and two dout blocks.
 constexpr int kKeyBlocks = 4, kRowBlocks = 4;
 }  // namespace wgmma_flash_backward_cfg
@@ -103,7 +105,7 @@ __device__ __forceinline__ void factored_pair_terms(const float2* rows_f, int nt
 }
 
 template <class T, int kP>
-__global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
+__global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 2 / wgmma_flash_backward_cfg::kWarpgroups)
     wgmma_flash_chunk_attention_backward_kernel(flash_backward_params P) {
   using namespace wgmma_flash_backward_cfg;
   constexpr int DH = kDim, E = kDim, kRows = flash_backward_cfg::kRows;
@@ -129,7 +131,8 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
   if (k0 >= len) return;
 
   // Copies of a block's rows (block_rows: kKeys or kRows) into its swizzled place: this thread takes
-  // 16-byte chunk tid % 8 of rows tid / 8 + 32 i (zeros past the chunk, whose sources are not read).
+  // 16-byte chunk tid % 8 of rows tid / 8 + kCopyRows i (zeros past the chunk, whose sources are not
+  // read).
   constexpr int kCopyRows = kThreads / 8;
   const int copy_row = tid / 8;
   const uint32_t copy_dst = swizzled_row_offset(copy_row, tid % 8, kRowBytes);
@@ -182,8 +185,8 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
   const uint64_t kmajor0 = kmajor_swizzled_desc(kb), nmajor0 = nmajor_swizzled_desc(kb, kRowBytes, kBlockBytes, 8 * kRowBytes);
   auto block_desc = [&](uint64_t base, const unsigned char* block) { return base + uint32_t(block - kb) / 16; };
   constexpr uint32_t kBufDesc = kBlockBytes / 16, kKSlice = 32 / 16, kRowSlice = 16 * kRowBytes / 16;
-  // This warpgroup's 64 rows of the key-sized blocks (as A), and its 32 columns of the keys (as dQ's B).
-  const uint32_t wg_rows = wg * 64 * kRowBytes / 16, wg_columns = wg * 32 * 2 / 16;
+  // This warpgroup's 64 rows of the key-sized blocks (as A), and its columns of the keys (as dQ's B).
+  const uint32_t wg_rows = wg * 64 * kRowBytes / 16, wg_columns = wg * kDqColumns * 2 / 16;
 
   const int key = wg * 64 + wq * 16 + g;  // this thread's first key in the CTA's block
   const int key_local[2] = {k0 + key, k0 + key + 8};
@@ -262,9 +265,9 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
     fence_async_shared();  // for the tensor cores, after the barrier
     __syncthreads();       // (r A)^T and B^T complete
 
-    // dV and dK of the warpgroup's keys; its 32 columns of dQ over all kKeys keys (the B^T rows of
-    // both warpgroups, M-major, against the keys' columns N-major).
-    float dqa[DH / 16][4];
+    // dV and dK of the warpgroup's keys; its kDqColumns columns of dQ over all kKeys keys (the B^T
+    // rows of every warpgroup, M-major, against the keys' columns N-major).
+    float dqa[kDqColumns / 8][4];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
@@ -276,11 +279,11 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
                                    block_desc(nmajor0, qb) + buf * kBufDesc + kk * kRowSlice);
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma_ss<T, 32, true, true>(&dqa[0][0], block_desc(nmajor0, bt) + kk * kRowSlice, nmajor0 + wg_columns + kk * kRowSlice,
+      wgmma_ss<T, kDqColumns, true, true>(&dqa[0][0], block_desc(nmajor0, bt) + kk * kRowSlice, nmajor0 + wg_columns + kk * kRowSlice,
                                   kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
-    wgmma_pin(reinterpret_cast<float(&)[16]>(dqa));
+    wgmma_pin(reinterpret_cast<float(&)[kDqColumns / 2]>(dqa));
     wgmma_pin(reinterpret_cast<float(&)[32]>(dk));
     wgmma_pin(reinterpret_cast<float(&)[32]>(dv));
     // The next block's row values into the other buffer, whose readers passed this block's first
@@ -290,15 +293,15 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 1)
       rows0[(buf ^ 1) * kRows + tid] = rv;
       rows_f0[(buf ^ 1) * kRows + tid] = factored_row_values<kP>(rv, gk[kKeys - 1], P.scale);
     }
-    // dQ to the f32 sums: this warp's 16 rows and its warpgroup's 32 columns, 16-byte vector
+    // dQ to the f32 sums: this warp's 16 rows and its warpgroup's columns, 16-byte vector
     // reductions (red.global.add.v4.f32) of four neighbouring columns each, which a thread and its
     // neighbour tq ^ 1 form by trading a pair: the even one adds row g, the odd one row g + 8.
     const float dq_unit = float(kP) / P.scale;  // the terms' units (backward_pair_terms)
     const bool odd = tq & 1;
     const int dq_row = q0 + wq * 16 + g + (odd ? 8 : 0);
-    float* const dq_out = P.dq + ((batch * P.t + first + dq_row) * P.hq + qh) * DH + wg * 32 + 2 * (tq & 2);
+    float* const dq_out = P.dq + ((batch * P.t + first + dq_row) * P.hq + qh) * DH + wg * kDqColumns + 2 * (tq & 2);
 #pragma unroll
-    for (int nt = 0; nt < DH / 16; ++nt) {
+    for (int nt = 0; nt < kDqColumns / 8; ++nt) {
       const float give0 = odd ? dqa[nt][0] : dqa[nt][2], give1 = odd ? dqa[nt][1] : dqa[nt][3];
       const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1), got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
       const float4 sum = odd ? make_float4(got0, got1, dqa[nt][2], dqa[nt][3]) : make_float4(dqa[nt][0], dqa[nt][1], got0, got1);
