@@ -69,7 +69,7 @@ constexpr size_t flash_backward_smem() {
 }
 
 // The pieces below but add_dq_rows are shared with the wgmma kernel
-// (kernels/sm90/wgmma_flash_chunk_attention_backward.cuh, whose dq goes by bulk reductions), whose m64
+// (kernels/sm90/wgmma_flash_chunk_attention_backward.cuh, whose dq goes by vector reductions), whose m64
 // accumulators have this kernel's per-warp layout: warp w holds keys 16 w + g and + 8, and queries
 // 8 nt + 2 tq and + 1 of each n-tile nt.
 

@@ -85,6 +85,15 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
 #endif
 }
 
+// Adds four f32 values to global memory at `dst` (16-byte aligned), element by element in L2, as one
+// vector reduction (red.global.add.v4.f32, sm_90).
+__device__ __forceinline__ void red_add_v4(float* dst, float4 v) {
+#if EXPANSE_SM90A_DEVICE
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+#endif
+}
+
 // One arrival on `bar` once every cp.async this thread has issued so far has landed (counted in
 // the barrier's arrivals at init: "noinc").
 __device__ __forceinline__ void copy_async_arrive(uint64_t* bar) {

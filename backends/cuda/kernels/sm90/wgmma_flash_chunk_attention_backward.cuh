@@ -62,13 +62,14 @@ constexpr size_t wgmma_flash_backward_smem() {
   using namespace wgmma_flash_backward_cfg;
   return 1024 /* alignment */ + size_t(kKeyBlocks) * kKeyBlockBytes + size_t(kRowBlocks) * kBlockBytes +
          2 * flash_backward_cfg::kRows * (sizeof(float4) + sizeof(float2)) +
-         2 * kKeys * sizeof(float);
+         2 * kKeys * sizeof(float) + 4 * sizeof(int);
 }
 
-// The terms of a block whose queries all come after the CTA's keys with no reset between them: every
-// pair is valid and Gc does not increase from the CTA's last key on, so the decay factors into the
-// query's e_i = exp2(Gc_i - m) and the key's e_j = exp2(m - Gc_j), m the Gc of that last key, both at
-// most 1 (a factor below f32's range leaves a product below it too). With the rows' factors
+// The terms of a block whose queries all come after the CTA's keys with no reset between them, and
+// whose Gc are at most m, the Gc of the CTA's last key, itself at most every key's (checked: the
+// gates may grow, log_g > 0): every pair is valid, and the decay factors into the query's
+// e_i = exp2(Gc_i - m) and the key's e_j = exp2(m - Gc_j), both at most 1 (a factor below f32's range
+// leaves a product below it too). With the rows' factors
 // rows_f[i] = {scale^p e_i r_i, scale^p e_i dden_i} a pair takes seven instructions where
 // backward_pair_terms takes about fifteen (the mask, the exponential, s from st): with
 // u = e_j st^(p-1) and w = u st,
@@ -118,10 +119,11 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 2 / wgmma_
   unsigned char* const bt = at_ + kKeyBlockBytes;  // B^T likewise
   unsigned char* const qb = bt + kKeyBlockBytes;   // [2] query blocks
   unsigned char* const db = qb + 2 * kBlockBytes;  // [2] dout blocks
-  float4* const rows0 = reinterpret_cast<float4*>(db + 2 * kBlockBytes);  // [2][kRows] (backward_row_values)
+  float4* const rows0 = reinterpret_cast<float4*>(db + 2 * kBlockBytes);  // [2][kRows] (backward_row_finish)
   float2* const rows_f0 = reinterpret_cast<float2*>(rows0 + 2 * kRows);  // [2][kRows] (factored_row_values)
   float* const gk = reinterpret_cast<float*>(rows_f0 + 2 * kRows);    // the keys' restarted Gc, base 2
   float* const ek = gk + kKeys;                                       // e_j of factored_pair_terms
+  int* const rows_below = reinterpret_cast<int*>(ek + kKeys);         // [2][2]: a row warp's Gc all <= m
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   const int wg = warp / 4, wq = warp % 4;  // this warp's warpgroup (its 64 keys), and warp in it
@@ -154,10 +156,15 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 2 / wgmma_
   copy_block(key_rows{}, vb, vbase, P.v_st, k0);
   // m of factored_pair_terms: the Gc of the CTA's last key (only blocks past it take those terms).
   const float g_last = k0 + kKeys - 1 < len ? P.g.since_reset(bh, P.t, first + k0 + kKeys - 1) * kLog2e : 0.f;
+  float gk_own = g_last;
   if (tid < kKeys) {
-    gk[tid] = k0 + tid < len ? P.g.since_reset(bh, P.t, first + k0 + tid) * kLog2e : 0.f;
-    ek[tid] = fast_exp2(fminf(g_last - gk[tid], 0.f));
+    gk_own = k0 + tid < len ? P.g.since_reset(bh, P.t, first + k0 + tid) * kLog2e : 0.f;
+    gk[tid] = gk_own;
+    ek[tid] = fast_exp2(fminf(g_last - gk_own, 0.f));
   }
+  // Whether every key's Gc is at least m (gates that do not grow over the keys): the factored terms'
+  // condition on the keys' side.
+  const bool keys_above = __syncthreads_and(gk_own >= g_last);
 
   // The query blocks at or after the key block, every query head's in turn: step s is block
   // s % blocks of query head kv group + s / blocks.
@@ -173,11 +180,16 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 2 / wgmma_
   };
   issue_rows(0, 0);  // with the keys and values: one group
   copy_async_commit();
-  if (tid < kRows) {
-    const float4 rv = backward_row_values(P, batch, bh, query_head(0), first, len, query_row0(0) + tid);
-    rows0[tid] = rv;
-    rows_f0[tid] = factored_row_values<kP>(rv, g_last, P.scale);
-  }
+  // A block's row values, and whether the Gc of each of its warps' rows are at most m (warps 0 and 1,
+  // whole, store them; m is g_last, in the loop read from gk rather than held in a register).
+  auto store_rows = [&](const float4& rv, int buf, float m) {
+    rows0[buf * kRows + tid] = rv;
+    rows_f0[buf * kRows + tid] = factored_row_values<kP>(rv, m, P.scale);
+    const bool below = __all_sync(0xffffffffu, rv.x <= m);
+    if (lane == 0) rows_below[buf * 2 + warp] = below;
+  };
+  if (tid < kRows)
+    store_rows(backward_row_values(P, batch, bh, query_head(0), first, len, query_row0(0) + tid), 0, g_last);
 
   // Descriptors: every block's is the key block's plus its distance from it (in the address field's
   // 16-byte units; two base registers rather than one pair per operand). K-major operands step 32
@@ -240,9 +252,10 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 2 / wgmma_
       *reinterpret_cast<uint32_t*>(bt + lo) = pack2_f32<T>(b_val[0], b_val[1]);
       *reinterpret_cast<uint32_t*>(bt + hi) = pack2_f32<T>(b_val[2], b_val[3]);
     };
-    // Past the CTA's keys with no reset since its first (the rows' first keys do not decrease): the
-    // factored terms. CTA-uniform.
-    if (q0 >= k0 + kKeys && __float_as_int(rows[kRows - 1].w) <= k0) {
+    // Past the CTA's keys with no reset since its first (the rows' first keys do not decrease), and
+    // Gc not above m on either side: the factored terms. CTA-uniform.
+    if (q0 >= k0 + kKeys && __float_as_int(rows[kRows - 1].w) <= k0 && keys_above && rows_below[buf * 2] &&
+        rows_below[buf * 2 + 1]) {
       const float2* rows_f = rows_f0 + buf * kRows;
       const float e_key[2] = {ek[key], ek[key + 8]};
 #pragma unroll
@@ -288,11 +301,7 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 2 / wgmma_
     wgmma_pin(reinterpret_cast<float(&)[32]>(dv));
     // The next block's row values into the other buffer, whose readers passed this block's first
     // barrier (stored here, not at once: their loads had the products' time to land).
-    if (more && tid < kRows) {
-      const float4 rv = backward_row_finish(next);
-      rows0[(buf ^ 1) * kRows + tid] = rv;
-      rows_f0[(buf ^ 1) * kRows + tid] = factored_row_values<kP>(rv, gk[kKeys - 1], P.scale);
-    }
+    if (more && tid < kRows) store_rows(backward_row_finish(next), buf ^ 1, gk[kKeys - 1]);
     // dQ to the f32 sums: this warp's 16 rows and its warpgroup's columns, 16-byte vector
     // reductions (red.global.add.v4.f32) of four neighbouring columns each, which a thread and its
     // neighbour tq ^ 1 form by trading a pair: the even one adds row g, the odd one row g + 8.
@@ -306,9 +315,7 @@ __global__ void __launch_bounds__(wgmma_flash_backward_cfg::kThreads, 2 / wgmma_
       const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1), got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
       const float4 sum = odd ? make_float4(got0, got1, dqa[nt][2], dqa[nt][3]) : make_float4(dqa[nt][0], dqa[nt][1], got0, got1);
       if (dq_row < len)
-        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dq_out + nt * 8), "f"(dq_unit * sum.x),
-                     "f"(dq_unit * sum.y), "f"(dq_unit * sum.z), "f"(dq_unit * sum.w)
-                     : "memory");
+        red_add_v4(dq_out + nt * 8, make_float4(dq_unit * sum.x, dq_unit * sum.y, dq_unit * sum.z, dq_unit * sum.w));
     }
   }
 
