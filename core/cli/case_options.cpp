@@ -24,6 +24,7 @@ CaseOptions::CaseOptions(CLI::App* cmd) {
   add("--dtype", dtype_, "T", "f32, bf16, f16 or f64");
   add("--gated", gated_, "0|1", "use log_g gating");
   add("--resets", resets_, "0|1", "with gating: some gates exactly 0 (log_g = -inf, a reset)");
+  add("--growing", growing_, "0|1", "with gating: some gates above 1 (log_g > 0)");
   add("--normalize", normalize_, "0|1", "normalized form (even p only)");
   add("--initial-state", initial_state_, "0|1", "pass an initial state (discumsum: Y_init)");
   add("--final-state", final_state_, "0|1", "ask for the final state");
@@ -55,6 +56,7 @@ expanse::harness::op_config CaseOptions::apply(expanse_op_kind op, expanse::harn
   if (dtype_) c.dtype = parse_dtype(*dtype_, "--dtype");
   c.gated = gated_.value_or(c.gated);
   c.resets = resets_.value_or(c.resets);
+  c.growing = growing_.value_or(c.growing);
   c.normalize = normalize_.value_or(c.p % 2 == 0 ? c.normalize : false);
   c.initial_state = initial_state_.value_or(c.initial_state);
   c.final_state = final_state_.value_or(c.final_state);

@@ -26,7 +26,7 @@ class CaseOptions {
   std::optional<int64_t> b_, t_, hq_, h_, d_, e_;
   std::optional<int32_t> p_;
   std::optional<std::string> chunk_, layout_, dtype_;
-  std::optional<bool> gated_, resets_, normalize_, initial_state_, final_state_, intra_;
+  std::optional<bool> gated_, resets_, growing_, normalize_, initial_state_, final_state_, intra_;
   std::optional<double> scale_;
 };
 

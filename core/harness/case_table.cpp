@@ -328,6 +328,11 @@ std::vector<op_config> standard_cases() {
     cases.push_back(c);
     c.b = 1; c.t = 150; c.resets = false; c.hq = 3; c.h = 1;
     cases.push_back(c);
+    // Gates that grow in places (log_g > 0), in one chunk long enough for the wgmma pairs kernel's
+    // factored terms (query blocks 128 keys past a CTA's first), which must not take such blocks.
+    c.t = 300; c.hq = 2; c.growing = true;
+    cases.push_back(c);
+    c.growing = false;
     // One chunk and no states: the pairs alone, on tensor cores for any p (p = 1 here; p = 3 and 4
     // at d = 64 cost the oracles minutes: docs/performance.md records their checks on the GPU).
     c.t = 120; c.hq = 4; c.h = 2; c.resets = true; c.p = 1; c.normalize = false;

@@ -30,6 +30,7 @@ struct op_config {
   expanse_dtype dtype = EXPANSE_F32;  // of the token inputs
   bool gated = true;
   bool resets = false;         // with gating: some gates exactly 0 (log_g = -inf), resets (docs/spec.md)
+  bool growing = false;        // with gating: some gates above 1 too (log_g > 0), which docs/spec.md allows
   bool normalize = true;
   bool initial_state = false;  // power_attention S0/z0, discumsum Y_init
   bool final_state = false;    // power_attention S/z outputs
