@@ -77,7 +77,9 @@ constexpr size_t wgmma_flash_backward_smem() {
 // a_val, b_val and the sums are in backward_pair_terms' units.
 template <int kP>
 __device__ __forceinline__ float2 factored_row_values(float4 row_values, float m, float scale) {
-  const float e = fast_exp2(fminf(row_values.x - m, 0.f));  // min: rounding of Gc, and rows past the chunk
+  // min: the rows the factored terms do not take (past the chunk, or above m: the votes send their
+  // blocks to the general terms) keep finite factors.
+  const float e = fast_exp2(fminf(row_values.x - m, 0.f));
   float unit = e;  // scale^p e_i
 #pragma unroll
   for (int k = 0; k < kP; ++k) unit *= scale;
