@@ -18,15 +18,6 @@ namespace expanse_gpu {
 // phi is the identity (D = d): weighted_features_kernel's sum is q^T w.
 constexpr int kQuadDim = 64, kQuadThreads = 256, kQuadTokens = 32, kCotangentTokens = 256, kFeatureSplits = 4;
 
-// 8 consecutive elements of a b16 row (16-byte aligned) as floats.
-template <class T>
-__device__ __forceinline__ void load8(const T* src, float (&out)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(src);
-  const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) out[j] = to_f32(e[j]);
-}
-
 // out [b,n,hq,D] (f32, contiguous, zeroed) += sum_{i in m} exp(Gc_i) scale^p dden_i phi(q_i), q with
 // whole 16-byte rows: kFeatureSplits blocks per (chunk, query head, batch), each over its share of the
 // chunk's tokens, added by atomics (one block per chunk left about 4 blocks per SM at P1 t = 65536,

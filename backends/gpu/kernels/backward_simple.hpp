@@ -274,14 +274,17 @@ constexpr int kScanEntries = 4, kScanFlush = 32;
     x_next[k] = in[k] && pb.n > 0 ? input(k, pb.n - 1) : 0.f;
     s_next[k] = s_final[k];
   }
-  float decay_next = pb.n > 0 ? expf(g.chunk_total(head, pb.n, pb.n - 1)) : 0.f;
+  // A_m, loaded a step ahead and exponentiated where used (exponentiated where loaded, it made the
+  // thread wait for it there, before the step's other loads: a third of the stall samples, ncu at P1
+  // t = 65536).
+  float total_next = pb.n > 0 ? g.chunk_total(head, pb.n, pb.n - 1) : 0.f;
   for (int64_t m = pb.n - 1; m >= 0; --m) {
     float x[kScanEntries], s[kScanEntries];
-    const float decay = decay_next;
+    const float decay = expf(total_next);
 #pragma unroll
     for (int k = 0; k < kScanEntries; ++k) x[k] = x_next[k], s[k] = s_next[k];
     if (m > 0) {
-      decay_next = expf(g.chunk_total(head, pb.n, m - 1));
+      total_next = g.chunk_total(head, pb.n, m - 1);
 #pragma unroll
       for (int k = 0; k < kScanEntries; ++k) {
         if (!in[k]) continue;

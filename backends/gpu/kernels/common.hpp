@@ -22,6 +22,22 @@ template <> __device__ __forceinline__ float from_f32<float>(float x) { return x
 template <> __device__ __forceinline__ half_t from_f32<half_t>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ bfloat16_t from_f32<bfloat16_t>(float x) { return f32_to_bf16(x); }
 
+// The 8 b16 elements of a 16-byte vector as floats (a vector loaded early, converted where used).
+template <class T>
+__device__ __forceinline__ void unpack8(uint4 u, float (&out)[8]) {
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = to_f32(e[j]);
+}
+// 8 consecutive elements of a b16 row (16-byte aligned) as floats.
+template <class T>
+__device__ __forceinline__ void load8(const T* src, float (&out)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(src);
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = to_f32(e[j]);
+}
+
 // ------------------------------------------------------------------ strided tensors
 // Offsets (in elements) into an expanse_tensor passed by value to a kernel.
 __device__ __forceinline__ int64_t off3(const expanse_tensor& t, int64_t i0, int64_t i1, int64_t i2) {
