@@ -12,9 +12,9 @@
 //      (kernels/sm80/flash_chunk_attention_backward.cuh; its products on wgmma for "wgmma":
 //      kernels/sm90/wgmma_flash_chunk_attention_backward.cuh)
 //   5. the state cotangents: update_state of q against dout with the weights exp(Gc_i) scale^p / den_i,
-//      split into b16 hi + lo like the forward sweep, and a feature sum for dden (their z part;
-//      gpu/kernels/backward_chunked.hpp), then the reverse scan -> dY_{m+1}, dZ_{m+1} per chunk, and
-//      the gates' boundary terms
+//      split into b16 hi + lo like the forward sweep, and a feature sum for dden (their z part: on the
+//      blocked wgmma kernel its ones column, else gpu/kernels/backward_chunked.hpp), then the reverse
+//      scan -> dY_{m+1}, dZ_{m+1} per chunk, and the gates' boundary terms
 //   6. dk's state term (ops/state_pullback.hpp), dv's as phi(k)^T dY_{m+1} with split operands (on
 //      sm_90a from the split tiles of dY that dk's pullback made), dq's (the pullback of S_m, z_m)
 //   7. the gradients in their dtypes with q . dq and k . dk: dq and dk by the pullbacks where they ran,
@@ -127,13 +127,17 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
   // 3. The queries' cotangents, and the queries' weights in the state cotangents.
   const float scale = float(pb.scale), scale_p = float(std::pow(pb.scale, pb.p));
   float* state_weight = plan.cotangent_states ? lc.ws.take<float>(size_t(qrows)) : nullptr;
+  // The cotangent states' z part (where it is wanted) comes with their S from the blocked kernel,
+  // whose ones column takes these weights; else from weighted_features_kernel.
+  const bool z_part = plan.cotangent_states && (plan.need_z || a.dinitial_z);
+  float* z_weight = blocked && z_part ? lc.ws.take<float>(size_t(qrows)) : nullptr;
   if (!sizing && qrows > 0) {
     const int tiles = int((std::min(pb.c, pb.t) + kCotangentTokens - 1) / kCotangentTokens);
     with_b16_type(pb.input_dtype, [&](auto tag) {
       using T = decltype(tag);
       query_cotangents_kernel<T><<<unsigned(int64_t(tiles) * pb.n * pb.hq * pb.b), kCotangentTokens, 0, lc.stream>>>(
           *a.q, *a.dout, tensor_or_empty(a.o), l, rowmax, pb.normalize ? static_cast<const float*>(st.z.data) : nullptr,
-          shared.g, pb, scale_p, tiles, w.rden, w.dden, state_weight);
+          shared.g, pb, scale_p, tiles, w.rden, w.dden, state_weight, z_weight);
     });
     check_launch("mma power_attention_backward query cotangents");
   }
@@ -193,8 +197,8 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
     expanse_tensor into_S = grouped ? Xs : st.dY, into_z = grouped ? Xz : st.dZ;
     if (!sizing) {
       launch_weighted_split_update_state(*a.q, *a.dout, state_weight, shared.phi, plain_problem(pb.hq, EXPANSE_F32),
-                                         into_S, blocked, lc);
-      if (into_z.data && query_states > 0) {
+                                         into_S, z_weight ? &into_z : nullptr, z_weight, blocked, lc);
+      if (into_z.data && query_states > 0 && !z_weight) {
         cudaMemsetAsync(into_z.data, 0, size_t(query_states) * sizeof(float), lc.stream);
         with_b16_type(pb.input_dtype, [&](auto tag) {
           using T = decltype(tag);

@@ -165,13 +165,19 @@ std::string blocked_update_state_declines(const expanse_problem& pb, const expan
   return why;
 }
 
-template <bool kSplit>
+// kZWeight (with kSplit): z's sums take z_weight in place of `weight` (the kernel's template argument,
+// so that the forms without it keep their raw stages and code).
+template <bool kSplit, bool kZWeight = false>
 static void launch_blocked_update_state_form(const expanse_tensor& k, const expanse_tensor& v, const gates& g,
                                              const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
-                                             const expanse_tensor* z, launch_context& lc, const float* weight = nullptr) {
+                                             const expanse_tensor* z, launch_context& lc, const float* weight = nullptr,
+                                             const float* z_weight = nullptr) {
   using namespace blocked_update_state_cfg;
+  static_assert(kSplit || !kZWeight, "z's own weights come with the split form");
+  if (kZWeight != (z_weight != nullptr)) throw std::logic_error("blocked update_state: z_weight and kZWeight disagree");
   mma_update_state_params P = update_state_params(k, v, g, phi, pb, S, z, 64 * kBlocksPerCta);
   P.weight = weight;
+  P.z_weight = z_weight;
   P.row_tiles = static_cast<int>((phi.blocks.count + kBlocksPerCta - 1) / kBlocksPerCta);
   P.tile_count = int64_t(P.row_tiles) * pb.n * pb.h * pb.b;
   if (P.tile_count == 0) return;
@@ -180,12 +186,12 @@ static void launch_blocked_update_state_form(const expanse_tensor& k, const expa
     constexpr int DH = decltype(d_tag)::value, E = decltype(e_tag)::value;
     // The deepest rings that fit: extra step buffers first, then raw stages (declines checked the
     // smallest, kMinRawStages of each).
-    auto bytes = [&] { return blocked_update_state_smem<T, DH, E, kSplit>(P.ring, P.raw_stages); };
+    auto bytes = [&] { return blocked_update_state_smem<T, DH, E, kSplit, kZWeight>(P.ring, P.raw_stages); };
     P.raw_stages = P.ring = kMinRawStages;
     bool found = false;
     for (int extra = kExtraBuffers; extra >= 0 && !found; --extra)
       for (int raw = kMaxRawStages; raw >= kMinRawStages && !found; --raw)
-        if (blocked_update_state_smem<T, DH, E, kSplit>(raw + extra, raw) <= lc.props.smem_optin) {
+        if (blocked_update_state_smem<T, DH, E, kSplit, kZWeight>(raw + extra, raw) <= lc.props.smem_optin) {
           P.raw_stages = raw;
           P.ring = raw + extra;
           found = true;
@@ -196,7 +202,7 @@ static void launch_blocked_update_state_form(const expanse_tensor& k, const expa
                        lc.stream, P);
     };
     if constexpr (kSplit) {  // the tensor-core backward's shapes only: p = 2, d = e = 64
-      if constexpr (DH == 64 && E == 64) launch(blocked_update_state_kernel<T, DH, E, 2, true>);
+      if constexpr (DH == 64 && E == 64) launch(blocked_update_state_kernel<T, DH, E, 2, true, kZWeight>);
       else throw std::logic_error("the split blocked update_state is built for d = e = 64");
     }
     else if (pb.p == 2) launch(blocked_update_state_kernel<T, DH, E, 2>);
@@ -221,11 +227,18 @@ void launch_blocked_split_update_state(const expanse_tensor& k, const expanse_te
 
 // The split states with a weight per token [b,t,h] (f32, contiguous) in place of the gates (pb
 // ungated): S_m = sum_j weight_j phi(k_j) v_j^T, the tensor-core power_attention_backward's cotangent
-// states; `blocked`: the Hopper kernel (as launch_blocked_split_update_state takes), else the sm_80 one.
+// states; `blocked`: the Hopper kernel (as launch_blocked_split_update_state takes), which also gives
+// z_m = sum_j z_weight_j phi(k_j) (its ones column carries z_weight instead of weight), else the sm_80
+// one (whose weight multiplies phi(k_j): no z).
 void launch_weighted_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const float* weight,
                                         const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
-                                        bool blocked, launch_context& lc) {
-  if (blocked) launch_blocked_update_state_form<true>(k, v, gates{}, phi, pb, S, nullptr, lc, weight);
+                                        const expanse_tensor* z, const float* z_weight, bool blocked,
+                                        launch_context& lc) {
+  if ((z != nullptr) != (z_weight != nullptr))
+    throw std::logic_error("weighted split update_state: z and its weights come together");
+  if (blocked && z_weight) launch_blocked_update_state_form<true, true>(k, v, gates{}, phi, pb, S, z, lc, weight, z_weight);
+  else if (blocked) launch_blocked_update_state_form<true>(k, v, gates{}, phi, pb, S, nullptr, lc, weight);
+  else if (z) throw std::logic_error("weighted split update_state: the sm_80 kernel gives no z");
   else launch_mma_update_state_form<true>(k, v, gates{}, phi, pb, S, nullptr, lc, weight);
 }
 

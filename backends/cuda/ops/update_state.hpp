@@ -23,9 +23,11 @@ void launch_blocked_split_update_state(const expanse_tensor& k, const expanse_te
                                        const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
                                        const expanse_tensor* z, launch_context& lc);
 // The split states with a weight per token [b,t,h] (f32) in place of the gates (the backward's
-// cotangent states); `blocked`: the wgmma kernel, else the sm_80 one.
+// cotangent states); `blocked`: the wgmma kernel, else the sm_80 one. The blocked kernel also takes z
+// (null: none), the sums of phi(k_j) with their own weights z_weight [b,t,h] (f32); the sm_80 one none.
 void launch_weighted_split_update_state(const expanse_tensor& k, const expanse_tensor& v, const float* weight,
                                         const phi_tables& phi, const expanse_problem& pb, const expanse_tensor& S,
-                                        bool blocked, launch_context& lc);
+                                        const expanse_tensor* z, const float* z_weight, bool blocked,
+                                        launch_context& lc);
 
 }  // namespace expanse_cuda

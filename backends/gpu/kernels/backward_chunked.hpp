@@ -85,6 +85,8 @@ __global__ void __launch_bounds__(kQuadThreads) weighted_features_kernel(expanse
 //           without forward states; l, rowmax: chunk_attention's), else 1
 //   rden_i = 1 / den_i, dden_i = -rden_i dout_i . o_i   (0 where den_i = 0; unnormalized dden_i = 0)
 //   weight_i = exp(Gc_i) scale^p rden_i, f32 contiguous [b,t,hq] (null: not wanted)
+//   z_weight_i = exp(Gc_i) scale^p dden_i, likewise: phi(q_i)'s weight in the z part of the cotangent
+//                states (weighted_features_kernel's sum, or the blocked update_state's z)
 // phi(scale q)^T z_m is scale^p q^T Z q (weighted_features_kernel's quadratic form: normalized means an
 // even p, and the tensor-core backward takes p = 2 there), Z in shared memory, read by every thread at
 // once (a broadcast) against its q in registers. One kernel where there were three (the state's denominators,
@@ -93,7 +95,7 @@ template <class T>
 __global__ void __launch_bounds__(kCotangentTokens)
     query_cotangents_kernel(expanse_tensor q, expanse_tensor dout, expanse_tensor o, expanse_tensor l, expanse_tensor rowmax,
                             const float* z, gates g, expanse_problem pb, float scale_p, int tiles, float* rden, float* dden,
-                            float* weight) {
+                            float* weight, float* z_weight) {
   __shared__ __align__(16) float zs[kQuadDim][kQuadDim + 4];  // rows padded: the mirrored stores spread over banks
   const int tile = int(blockIdx.x % tiles);
   const token_row at = split_row(blockIdx.x / tiles, pb.n, pb.hq);  // (batch, chunk, query head)
@@ -160,9 +162,11 @@ __global__ void __launch_bounds__(kCotangentTokens)
     den = scale_p * decay * quad + loadf(l, off3(l, batch, i, qh)) * expf(loadf(rowmax, off3(rowmax, batch, i, qh)));
   }
   const float r = den == 0.f ? 0.f : 1.f / den;
-  dden[row] = pb.normalize && den != 0.f ? -od / den : 0.f;
+  const float dd = pb.normalize && den != 0.f ? -od / den : 0.f;
+  dden[row] = dd;
   if (rden) rden[row] = r;
   if (weight) weight[row] = r * scale_p * decay;
+  if (z_weight) z_weight[row] = dd * scale_p * decay;
 }
 
 }  // namespace expanse_gpu

@@ -32,6 +32,10 @@ struct mma_update_state_params {
   // kSplit only (null: the gates): each token's weight w_j in the gates' place, [b,t,h] f32
   // contiguous (the backward's cotangent states: exp(Gc_i) scale^p / den_i per query).
   const float* weight;
+  // kSplit on the blocked kernel only (null: w_j): the weight of z's sums per token [b,t,h] (f32,
+  // contiguous) in w_j's place, so that z_m = sum_j z_weight_j phi(k_j) comes with S_m (the cotangent
+  // states' dden part, which a kernel of its own summed before).
+  const float* z_weight;
   const phi_entry* table;
   phi_blocks blocks;  // for the blocked kernel only
   float* S;

@@ -92,13 +92,14 @@ constexpr int step_buffer_bytes() {
   return (key_tile_offset<T, E, kSplit>() + key_tile_elems<DH>() * int(sizeof(T)) + 1023) / 1024 * 1024;
 }
 // A raw stage: the step's key rows [64][DH] (16-byte chunk c of row s at key_raw_offset), kSplit:
-// then its value rows [64][E] likewise, then the tokens' Gc (f32; or their weights).
+// then its value rows [64][E] likewise, then the tokens' Gc (f32; or their weights), kZWeight: then
+// their z weights (P.z_weight).
 template <class T, int DH>
 constexpr int raw_value_offset() { return kTok * DH * int(sizeof(T)); }
 template <class T, int DH, int E, bool kSplit>
 constexpr int raw_gate_offset() { return raw_value_offset<T, DH>() + (kSplit ? kTok * E * int(sizeof(T)) : 0); }
-template <class T, int DH, int E, bool kSplit>
-constexpr int raw_stage_bytes() { return raw_gate_offset<T, DH, E, kSplit>() + kTok * 4; }
+template <class T, int DH, int E, bool kSplit, bool kZWeight = false>
+constexpr int raw_stage_bytes() { return raw_gate_offset<T, DH, E, kSplit>() + (kZWeight ? 2 : 1) * kTok * 4; }
 // Rings: the copies run raw_stages - 1 steps ahead, into a raw stage and a step buffer each; there
 // are more step buffers than raw stages, so that the producer converts the next step while the
 // consumers multiply this one (with as many, it would wait for the buffer of the step before this one,
@@ -109,11 +110,11 @@ constexpr int kMinRawStages = 3, kMaxRawStages = 5, kExtraBuffers = 2;
 }  // namespace blocked_update_state_cfg
 
 // Shared memory: 1024 bytes of alignment slack, the step buffers, the raw stages, 2 barriers per buffer.
-template <class T, int DH, int E, bool kSplit = false>
+template <class T, int DH, int E, bool kSplit = false, bool kZWeight = false>
 constexpr size_t blocked_update_state_smem(int buffers, int raw_stages) {
   using namespace blocked_update_state_cfg;
   return 1024 + size_t(buffers) * (step_buffer_bytes<T, DH, E, kSplit>() + 2 * sizeof(uint64_t)) +
-         size_t(raw_stages) * raw_stage_bytes<T, DH, E, kSplit>();
+         size_t(raw_stages) * raw_stage_bytes<T, DH, E, kSplit, kZWeight>();
 }
 
 // Byte offset of 16-byte chunk c of token row s in a raw key stage (rows of 2 DH bytes; also the
@@ -163,13 +164,13 @@ struct tile_step_walk {
 };
 
 // The producer warps (thread pt of producer_threads<kSplit>()).
-template <class T, int DH, int E, bool kSplit>
+template <class T, int DH, int E, bool kSplit, bool kZWeight>
 __device__ __forceinline__ void produce_update_steps(const mma_update_state_params& P, unsigned char* bufs,
                                                      unsigned char* raws, uint64_t* full, uint64_t* empty, int pt) {
   using namespace blocked_update_state_cfg;
   constexpr int d = DH;
   constexpr int kKeyChunks = d / 8, kValChunks = E / 8;  // 16-byte chunks per row
-  constexpr int kRawBytes = raw_stage_bytes<T, d, E, kSplit>();
+  constexpr int kRawBytes = raw_stage_bytes<T, d, E, kSplit, kZWeight>();
   constexpr int kBufBytes = step_buffer_bytes<T, d, E, kSplit>();
   constexpr int kVRow = value_row_bytes<T, E>(), kVBlock = value_block_bytes<T, E>(), kVChunks = kVRow / 16;
   constexpr int kKeyTile = key_tile_offset<T, E, kSplit>();  // byte offset of the key tile in a buffer
@@ -220,10 +221,10 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
         const int s = pt - (kProducerThreads - kTok);
         const bool weighted = kSplit && P.weight != nullptr;
         const bool gin = (weighted || P.g.Gc != nullptr) && s < left;
-        const float* src = !gin ? nullptr
-                           : weighted ? P.weight + ((w.at.batch * P.t + w.at.first + s0 + s) * P.h + w.at.head)
-                                      : P.g.Gc + w.at.bh * P.t + w.at.first + s0 + s;
+        const int64_t token = (w.at.batch * P.t + w.at.first + s0 + s) * P.h + w.at.head;  // weighted
+        const float* src = !gin ? nullptr : weighted ? P.weight + token : P.g.Gc + w.at.bh * P.t + w.at.first + s0 + s;
         copy_async<4>(raw + kGcOffset + 4 * s, src, gin);
+        if constexpr (kZWeight) copy_async<4>(raw + kGcOffset + 4 * (kTok + s), gin ? P.z_weight + token : nullptr, gin);
       }
     }
     copy_async_commit();
@@ -250,12 +251,23 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
     if constexpr (kSplit) {
       // This thread's token row: its weight (exp(A - Gc_s) by exp2f, whose 2 ulp stay under the
       // split's 2^-17; or P.weight's; 0 past the chunk) split into hi + lo, the thread's value chunks
-      // times it as hi + lo pairs (mul2_split), and the weight itself in the ones block's column 0.
+      // times it as hi + lo pairs (mul2_split), and the weight itself (or P.z_weight's) in the ones
+      // block's column 0.
       const float gc = reinterpret_cast<const float*>(raw + kGcOffset)[row];
       float wt = P.weight != nullptr ? gc : P.g.Gc != nullptr ? exp2f(fmaf(-gc, kLog2e, w.at.total_log2)) : 1.f;
       if (row >= left) wt = 0.f;
       uint32_t w_hi, w_lo;
       split2_f32<T>(wt, wt, w_hi, w_lo);
+      if (pt % kRowThreads == 0) {  // before the values: the z weight's registers are free for them
+        uint32_t z_hi = w_hi, z_lo = w_lo;
+        if constexpr (kZWeight) {
+          const float zw = row < left ? reinterpret_cast<const float*>(raw + kGcOffset)[kTok + row] : 0.f;
+          split2_f32<T>(zw, zw, z_hi, z_lo);
+        }
+        const int ones = value_blocks<T, E>() * kVBlock + int(swizzled_row_offset(row, 0, kVRow));
+        store_shared_16(buf + ones, make_uint4(z_hi & 0xffffu, 0, 0, 0));
+        store_shared_16(buf + value_part_bytes<T, E>() + ones, make_uint4(z_lo & 0xffffu, 0, 0, 0));
+      }
 #pragma unroll
       for (int j = 0; j < kValCopies; ++j) {
         const uint4 v = load_shared_16(raw + vraw[j]);
@@ -266,11 +278,6 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
         mul2_split<T>(v.w, w_hi, w_lo, hi.w, lo.w);
         store_shared_16(buf + vdst[j], hi);
         store_shared_16(buf + value_part_bytes<T, E>() + vdst[j], lo);
-      }
-      if (pt % kRowThreads == 0) {
-        const int ones = value_blocks<T, E>() * kVBlock + int(swizzled_row_offset(row, 0, kVRow));
-        store_shared_16(buf + ones, make_uint4(w_hi & 0xffffu, 0, 0, 0));
-        store_shared_16(buf + value_part_bytes<T, E>() + ones, make_uint4(w_lo & 0xffffu, 0, 0, 0));
       }
     } else if (pt < kTok / 2) {
       // Gates exp(A - Gc_s), 0 past the chunk, as token pairs in row d + 1, by the first warp (8
@@ -319,11 +326,13 @@ __device__ __forceinline__ void produce_update_steps(const mma_update_state_para
 }
 
 // PM: 2 for p = 2 (fixed factors ignored), 4 for p = 3, 4 (fixed factors past p read the row of ones).
-template <class T, int DH, int E, int PM, bool kSplit = false>
+// kZWeight (kSplit only): z's sums take P.z_weight in place of the weights (a raw stage holds both).
+template <class T, int DH, int E, int PM, bool kSplit = false, bool kZWeight = false>
 __global__ void __launch_bounds__(blocked_update_state_cfg::block_threads<kSplit>(), 1)
     blocked_update_state_kernel(mma_update_state_params P) {
   using namespace blocked_update_state_cfg;
   static_assert(!kSplit || PM == 2, "the split form takes p = 2");
+  static_assert(kSplit || !kZWeight, "z's own weights come with the split form");
   constexpr int kThreads = block_threads<kSplit>(), kProducerThreads = producer_threads<kSplit>();
   constexpr int N = E + 8;    // e columns + the z tile
   constexpr int kNT = E / 8;  // 8-column blocks of v; block kNT is the z tile
@@ -338,7 +347,7 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::block_threads<kSplit
   unsigned char* const bufs = static_cast<unsigned char*>(
       __builtin_assume_aligned(smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024), 1024));
   unsigned char* const raws = bufs + buffers * kBufBytes;
-  uint64_t* const full = reinterpret_cast<uint64_t*>(raws + P.raw_stages * raw_stage_bytes<T, d, E, kSplit>());
+  uint64_t* const full = reinterpret_cast<uint64_t*>(raws + P.raw_stages * raw_stage_bytes<T, d, E, kSplit, kZWeight>());
   uint64_t* const empty = full + buffers;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -364,7 +373,7 @@ __global__ void __launch_bounds__(blocked_update_state_cfg::block_threads<kSplit
   __syncthreads();       // the roles meet only at the barriers from here on
   if (warp >= kConsumerWarps) {
     warpgroup_registers_lower<producer_registers<E, kSplit>()>();
-    produce_update_steps<T, d, E, kSplit>(P, bufs, raws, full, empty, tid - kConsumerThreads);
+    produce_update_steps<T, d, E, kSplit, kZWeight>(P, bufs, raws, full, empty, tid - kConsumerThreads);
     return;
   }
   warpgroup_registers_raise<consumer_registers<E, kSplit>()>();
