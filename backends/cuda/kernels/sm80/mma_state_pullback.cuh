@@ -86,7 +86,7 @@ template <class T, int E>
 struct mma_pullback_tiles {
   using type = T;
   static constexpr int kElems = 64 * (E + 8);
-  static constexpr bool kStagedSums = false;  // state_pullback_kernel's epilogue: see there
+  static constexpr bool kLoadsAhead = false;  // state_pullback_kernel's prologue and epilogue: see there
   // The element offset of tile row tr, column col.
   __device__ static int offset(int tr, int col) { return tr * (E + 8) + col; }
   // The row and first column of the tile's 8-element run c (offset 8 c); false: padding.
@@ -204,20 +204,30 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
 
   const T* xbase = static_cast<const T*>(P.x) + batch * P.x_sb + head * P.x_sh;
   const T* ybase = static_cast<const T*>(P.y) + batch * P.y_sb + head * P.y_sh;
-  // The rows of x and y as 16-byte vectors, every load issued before the first store (y read element
-  // by element, each load waited for in turn, was the largest stall outside the tile loop: ncu, P1 t =
-  // 65536).
+  // The rows of x and y. With Tiles::kLoadsAhead as 16-byte vectors, every load issued before the
+  // first store (y read element by element, each load waited for in turn, was the largest stall
+  // outside the tile loop: ncu, P1 t = 65536); else element-wise (the mma.sync kernel, at 128
+  // registers, spilled with the vectors on sm_80).
   constexpr int kXVecs = kRows * E / 8 / kThreads, kYVecs = kRows * DH / 8 / kThreads;
   static_assert(kXVecs * kThreads == kRows * E / 8 && kYVecs * kThreads == kRows * DH / 8, "whole vectors per thread");
   auto row_vector = [&](const T* base, int64_t stride, int per_row, int vi) {
     const int s = vi / per_row, c8 = vi % per_row;
     return r0 + s < len ? *reinterpret_cast<const uint4*>(base + (first + r0 + s) * stride + c8 * 8) : make_uint4(0, 0, 0, 0);
   };
-  uint4 xv[kXVecs], yv[kYVecs];
+  [[maybe_unused]] uint4 xv[kXVecs], yv[kYVecs];
+  if constexpr (Tiles::kLoadsAhead) {
 #pragma unroll
-  for (int l = 0; l < kXVecs; ++l) xv[l] = row_vector(xbase, P.x_st, E / 8, tid + l * kThreads);
+    for (int l = 0; l < kXVecs; ++l) xv[l] = row_vector(xbase, P.x_st, E / 8, tid + l * kThreads);
 #pragma unroll
-  for (int l = 0; l < kYVecs; ++l) yv[l] = row_vector(ybase, P.y_st, DH / 8, tid + l * kThreads);
+    for (int l = 0; l < kYVecs; ++l) yv[l] = row_vector(ybase, P.y_st, DH / 8, tid + l * kThreads);
+  } else {
+    for (int vi = tid; vi < kRows * E / 8; vi += kThreads)
+      *reinterpret_cast<uint4*>(xs + vi / (E / 8) * kXS + vi % (E / 8) * 8) = row_vector(xbase, P.x_st, E / 8, vi);
+    for (int vi = tid; vi < kRows * DH; vi += kThreads) {
+      const int s = vi / DH, col = vi % DH;
+      ys[s * kYS + col] = r0 + s < len ? P.y_scale * to_f32(ybase[(first + r0 + s) * P.y_st + col]) : 0.f;
+    }
+  }
   if (tid < kRows) {
     const bool in = r0 + tid < len;
     const int64_t i = first + r0 + tid;
@@ -229,19 +239,21 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
     }
     rho[tid] = w;
   }
+  if constexpr (Tiles::kLoadsAhead) {
 #pragma unroll
-  for (int l = 0; l < kXVecs; ++l) {
-    const int vi = tid + l * kThreads;
-    *reinterpret_cast<uint4*>(xs + vi / (E / 8) * kXS + vi % (E / 8) * 8) = xv[l];
-  }
+    for (int l = 0; l < kXVecs; ++l) {
+      const int vi = tid + l * kThreads;
+      *reinterpret_cast<uint4*>(xs + vi / (E / 8) * kXS + vi % (E / 8) * 8) = xv[l];
+    }
 #pragma unroll
-  for (int l = 0; l < kYVecs; ++l) {
-    const int vi = tid + l * kThreads;
-    float f[8];
-    unpack8<T>(yv[l], f);
-    float4* dst = reinterpret_cast<float4*>(ys + vi / (DH / 8) * kYS + vi % (DH / 8) * 8);
-    dst[0] = make_float4(P.y_scale * f[0], P.y_scale * f[1], P.y_scale * f[2], P.y_scale * f[3]);
-    dst[1] = make_float4(P.y_scale * f[4], P.y_scale * f[5], P.y_scale * f[6], P.y_scale * f[7]);
+    for (int l = 0; l < kYVecs; ++l) {
+      const int vi = tid + l * kThreads;
+      float f[8];
+      unpack8<T>(yv[l], f);
+      float4* dst = reinterpret_cast<float4*>(ys + vi / (DH / 8) * kYS + vi % (DH / 8) * 8);
+      dst[0] = make_float4(P.y_scale * f[0], P.y_scale * f[1], P.y_scale * f[2], P.y_scale * f[3]);
+      dst[1] = make_float4(P.y_scale * f[4], P.y_scale * f[5], P.y_scale * f[6], P.y_scale * f[7]);
+    }
   }
   __syncthreads();
 
@@ -364,10 +376,10 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
   // once no warp reads a tile): every load in flight at once. (Read per column in the loop below,
   // after the stores of the column before, which the compiler cannot move them past, they were 15% of
   // the stall samples: ncu, P1 t = 65536; loaded ahead in registers, they spilled at the mma.sync
-  // kernel's 128; so does this staging, which it leaves out: Tiles::kStagedSums.)
+  // kernel's 128; so does this staging, which it leaves out: Tiles::kLoadsAhead.)
   float* sums = reinterpret_cast<float*>(smem_raw);  // [kRows][kYS]
   static_assert(kRows * kYS * sizeof(float) <= (kRows * kXS + 2 * Tiles::kElems) * sizeof(T), "the sums fit");
-  if (Tiles::kStagedSums && P.sum) {
+  if (Tiles::kLoadsAhead && P.sum) {
     __syncthreads();  // every warp is past its last product
     constexpr int kChunks = kRows * DH / 4;  // 16-byte chunks
     static_assert(kChunks % kThreads == 0, "whole chunks per thread");
@@ -393,7 +405,7 @@ __global__ void __launch_bounds__(256, 2) state_pullback_kernel(pullback_params 
       const float s0 = w * outs[r * kYS + col], s1 = w * outs[r * kYS + col + 1];
       dot = fmaf(ys[r * kYS + col], s0, fmaf(ys[r * kYS + col + 1], s1, dot));
       if (!in) continue;
-      const float* pair = Tiles::kStagedSums ? sums + r * kYS + col : P.sum + token_row * DH + col;
+      const float* pair = Tiles::kLoadsAhead ? sums + r * kYS + col : P.sum + token_row * DH + col;
       const float2 pairs = P.sum ? *reinterpret_cast<const float2*>(pair) : float2{0.f, 0.f};
       T* g = static_cast<T*>(P.grad.data) + off4(P.grad, batch, i, head, col);
       g[0] = from_f32<T>(P.grad_scale * (pairs.x + s0));

@@ -19,7 +19,7 @@ struct wgmma_pullback_tiles {
   using type = T;
   static constexpr int kKStride = 64 * 8 + 8;  // elements from one 8-column block to the next
   static constexpr int kElems = E / 8 * kKStride;
-  static constexpr bool kStagedSums = true;  // state_pullback_kernel's epilogue: see there
+  static constexpr bool kLoadsAhead = true;  // state_pullback_kernel's prologue and epilogue: see there
   __device__ static int offset(int tr, int col) { return (col / 8) * kKStride + (tr / 8) * 64 + (tr % 8) * 8 + col % 8; }
   // The row and first column of the tile's 8-element run c (offset 8 c); false: padding.
   __device__ static bool run_at(int c, int& tr, int& col) {
