@@ -129,8 +129,7 @@ void mma_power_attention_backward_run(const expanse_op& op, launch_context& lc, 
   float* state_weight = plan.cotangent_states ? lc.ws.take<float>(size_t(qrows)) : nullptr;
   // The cotangent states' z part (where it is wanted) comes with their S from the blocked kernel,
   // whose ones column takes these weights; else from weighted_features_kernel.
-  const bool z_part = plan.cotangent_states && (plan.need_z || a.dinitial_z);
-  float* z_weight = blocked && z_part ? lc.ws.take<float>(size_t(qrows)) : nullptr;
+  float* z_weight = blocked && plan.cotangent_z ? lc.ws.take<float>(size_t(qrows)) : nullptr;
   if (!sizing && qrows > 0) {
     const int tiles = int((std::min(pb.c, pb.t) + kCotangentTokens - 1) / kCotangentTokens);
     with_b16_type(pb.input_dtype, [&](auto tag) {

@@ -174,7 +174,6 @@ static void launch_blocked_update_state_form(const expanse_tensor& k, const expa
                                              const float* z_weight = nullptr) {
   using namespace blocked_update_state_cfg;
   static_assert(kSplit || !kZWeight, "z's own weights come with the split form");
-  if (kZWeight != (z_weight != nullptr)) throw std::logic_error("blocked update_state: z_weight and kZWeight disagree");
   mma_update_state_params P = update_state_params(k, v, g, phi, pb, S, z, 64 * kBlocksPerCta);
   P.weight = weight;
   P.z_weight = z_weight;

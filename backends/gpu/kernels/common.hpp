@@ -32,10 +32,7 @@ __device__ __forceinline__ void unpack8(uint4 u, float (&out)[8]) {
 // 8 consecutive elements of a b16 row (16-byte aligned) as floats.
 template <class T>
 __device__ __forceinline__ void load8(const T* src, float (&out)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(src);
-  const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) out[j] = to_f32(e[j]);
+  unpack8<T>(*reinterpret_cast<const uint4*>(src), out);
 }
 
 // ------------------------------------------------------------------ strided tensors

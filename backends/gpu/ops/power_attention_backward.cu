@@ -19,6 +19,7 @@ backward_plan plan_backward(const expanse_op& op) {
   plan.cotangent_states = pb.n > 1 || a.dfinal_S != nullptr || a.dfinal_z != nullptr || a.dinitial_S != nullptr ||
                           a.dinitial_z != nullptr;
   plan.need_z = pb.normalize || a.initial_z != nullptr || a.dfinal_z != nullptr;
+  plan.cotangent_z = plan.cotangent_states && (plan.need_z || a.dinitial_z != nullptr);
   plan.final_term = a.dlog_g != nullptr && (a.dfinal_S != nullptr || a.dfinal_z != nullptr);
   return plan;
 }
@@ -40,7 +41,7 @@ void take_cotangent_states(const expanse_op& op, const backward_plan& plan, work
   const int64_t states = pb.b * pb.n * pb.h * pb.D;
   if (!plan.cotangent_states) return;
   st.dY = f32_view(ws.take<float>(size_t(states * pb.e)), {pb.b, pb.n, pb.h, pb.D, pb.e}, *a.q);
-  if (plan.need_z || a.dinitial_z) st.dZ = f32_view(ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, *a.q);
+  if (plan.cotangent_z) st.dZ = f32_view(ws.take<float>(size_t(states)), {pb.b, pb.n, pb.h, pb.D}, *a.q);
 }
 
 forward_sweep recompute_forward_states(const expanse_op& op, const backward_plan& plan, const step_inputs& shared,

@@ -13,6 +13,7 @@ struct backward_plan {
   bool forward_states;    // some chunk starts from a state (n > 1 or an initial state)
   bool cotangent_states;  // some chunk's keys see a state cotangent (n > 1, or dfinal/dinitial)
   bool need_z;            // the normalizer states take part
+  bool cotangent_z;       // the state cotangents have a z part (dZ: need_z or dinitial_z wanted)
   bool final_term;        // dlog_g needs <dfinal, final state>
 };
 backward_plan plan_backward(const expanse_op& op);
@@ -21,8 +22,8 @@ backward_plan plan_backward(const expanse_op& op);
 // with_rden).
 backward_work take_backward_work(const expanse_problem& pb, bool with_rden, bool with_dnum, workspace& ws);
 
-// The state cotangents st.dY, st.dZ [b,n,h,D(,e)] where plan.cotangent_states (dZ where the normalizer
-// states take part or dinitial_z is wanted).
+// The state cotangents st.dY, st.dZ [b,n,h,D(,e)] where plan.cotangent_states (dZ where
+// plan.cotangent_z).
 void take_cotangent_states(const expanse_op& op, const backward_plan& plan, workspace& ws, backward_states& st);
 
 // The forward sweep: update_state then discumsum in place through the backend's lists, as the forward
